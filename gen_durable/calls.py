@@ -1,0 +1,229 @@
+"""The public calls: insert, insert_all (+ async twins) and friends (SPEC §1).
+
+Each blocking call runs on Django's connection for `using` (default
+GEN_DURABLE['DATABASE']) and so takes part in the caller's `transaction.atomic()`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+from asgiref.sync import sync_to_async
+
+from . import db, registry, sql
+from .codec import encode_state
+from .conf import get_settings
+from .exceptions import DuplicateInstance, InvalidInput
+from .machine import Machine
+from .statuses import LIVE_STATUSES, Status
+from .outcomes import Spec, key_string, seconds
+
+SMALLINT = (-32768, 32767)
+STATUSES = frozenset(Status.values)
+MAX_DELAY = 10 * 365 * 86400.0  # seconds; beyond this a delay is a bug, not a schedule
+
+
+def resolve_machine(machine) -> type[Machine]:
+    """Accept a Machine subclass (or a @job) or a registered name; raise UnknownMachine."""
+    if isinstance(machine, type) and issubclass(machine, Machine) and not machine.__dict__.get("abstract"):
+        return machine
+    if isinstance(machine, str):
+        return registry.latest(machine)
+    raise InvalidInput(f"expected a gen_durable Machine or Job class (or its registered name), got {machine!r}")
+
+
+def _aware(value, what):
+    if value is None:
+        return None
+    if not isinstance(value, dt.datetime):
+        raise InvalidInput(f"{what} must be an aware datetime, got {value!r}")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise InvalidInput(f"{what} must be timezone-aware (naive datetimes are ambiguous); got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class Row:
+    """One validated insert: the values of insert.sql / insert_all.sql."""
+
+    fsm: str
+    fsm_version: int
+    step: str
+    state: str
+    queue: str
+    priority: int
+    at: dt.datetime | None
+    delay: float
+    concurrency_key: str | None
+    rate_limit: str | None
+    weight: float
+    correlation_key: str | None
+    scope: tuple
+
+    @property
+    def guarded(self) -> bool:
+        """Whether the key is reserved at insert (runnable ∈ scope)."""
+        return self.correlation_key is not None and "runnable" in self.scope
+
+
+def build_row(machine, *, state=None, args=None, step=None, queue=None, priority=0,
+              schedule_in=None, schedule_at=None, eligible_at=None, correlation_key=None,
+              correlation_scope=None, concurrency_key=None, rate_limit=None, weight=1) -> Row:
+    """Validate one insert's arguments (see `insert`); raise InvalidInput/SerializationError."""
+    cls = resolve_machine(machine)
+    if args is not None:
+        if state is not None:
+            raise InvalidInput("pass state= or args= (its alias for jobs), not both")
+        state = args
+    step = step or cls.initial
+    if step not in cls.steps:
+        raise InvalidInput(f"{cls.name} has no step {step!r}; its steps are {sorted(cls.steps)}")
+    queue = cls.queue if queue is None else queue
+    if not isinstance(queue, str) or not queue.strip():
+        raise InvalidInput(f"queue must be a non-empty string, got {queue!r}")
+    if isinstance(priority, bool) or not isinstance(priority, int) or not SMALLINT[0] <= priority <= SMALLINT[1]:
+        raise InvalidInput(f"priority must be an int in [{SMALLINT[0]}, {SMALLINT[1]}] (lower runs first), got {priority!r}")
+    at = _aware(eligible_at, "eligible_at") or _aware(schedule_at, "schedule_at")
+    delay = 0.0 if schedule_in is None else min(seconds(schedule_in, "schedule_in"), MAX_DELAY)
+    if correlation_key is not None and (not isinstance(correlation_key, str) or not correlation_key):
+        raise InvalidInput(f"correlation_key must be a non-empty string, got {correlation_key!r}")
+    if correlation_scope is None:
+        scope = LIVE_STATUSES
+    else:
+        if isinstance(correlation_scope, str):
+            raise InvalidInput("correlation_scope is a list of statuses, not a string")
+        scope = tuple(str(s) for s in correlation_scope)
+        bad = [s for s in scope if s not in STATUSES]
+        if bad:
+            raise InvalidInput(f"correlation_scope has unknown statuses {bad}; valid: {sorted(STATUSES)}")
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
+        raise InvalidInput(f"weight must be a number > 0, got {weight!r}")
+    limit = get_settings().MAX_PAYLOAD_BYTES
+    return Row(
+        fsm=cls.name, fsm_version=cls.version, step=step,
+        state=encode_state(state, f"state of {cls.name}", limit),
+        queue=queue, priority=priority, at=at, delay=delay,
+        concurrency_key=key_string(concurrency_key, "concurrency_key"),
+        rate_limit=key_string(rate_limit, "rate_limit"), weight=float(weight),
+        correlation_key=correlation_key, scope=scope,
+    )
+
+
+def insert(machine, *, state=None, args=None, step=None, queue=None, priority=0,
+           schedule_in=None, schedule_at=None, eligible_at=None, correlation_key=None,
+           correlation_scope=None, concurrency_key=None, rate_limit=None, weight=1,
+           using=None) -> int:
+    """Insert one instance of `machine` and return its id. Statements: 1 (SPEC §1, §8).
+
+    Args:
+        machine: a Machine/Job class or its registered name.
+        state: JSON-serialisable value (dict, or the machine's State); `args` is its alias.
+        step: first step (default `machine.initial`).
+        queue: default `machine.queue`; priority: smallint, lower runs first.
+        eligible_at > schedule_at > schedule_in: when it may first run — aware datetimes,
+            or seconds ≥ 0 (float or timedelta) from the database's clock (§4.12).
+        correlation_key / correlation_scope: identity and its reserved statuses (§4.1);
+            scope default = live statuses; [] = no uniqueness and not addressable.
+        concurrency_key, rate_limit: None, "name" or (name, partition); weight > 0.
+        using: database alias.
+    Raises:
+        DuplicateInstance: the correlation key is occupied.
+        InvalidInput: bad queue, priority, step, delay, naive datetime, scope or weight.
+        SerializationError: state is not JSON or exceeds MAX_PAYLOAD_BYTES.
+        UnknownMachine: an unregistered machine name.
+    Inside `transaction.atomic()` the row and its wake-up become visible on commit.
+    """
+    row = build_row(machine, state=state, args=args, step=step, queue=queue, priority=priority,
+                    schedule_in=schedule_in, schedule_at=schedule_at, eligible_at=eligible_at,
+                    correlation_key=correlation_key, correlation_scope=correlation_scope,
+                    concurrency_key=concurrency_key, rate_limit=rate_limit, weight=weight)
+    params = {
+        "fsm": row.fsm, "fsm_version": row.fsm_version, "step": row.step, "state": row.state,
+        "queue": row.queue, "priority": row.priority, "at": row.at, "delay": row.delay,
+        "concurrency_key": row.concurrency_key, "rate_limit": row.rate_limit, "weight": row.weight,
+        "correlation_key": row.correlation_key, "scope": list(row.scope),
+    }
+    found = db.fetchone(sql.INSERT, params, using)
+    if found is None:
+        raise DuplicateInstance(row.correlation_key)
+    return found[0]
+
+
+def spec_rows(specs) -> list[Row]:
+    rows = []
+    for i, spec in enumerate(specs):
+        if not isinstance(spec, Spec):
+            raise InvalidInput(f"insert_all takes gd.Spec(Machine, **kwargs) values; item {i} is {spec!r}")
+        kwargs = dict(spec.kwargs)
+        if "using" in kwargs:
+            raise InvalidInput("pass using= to insert_all itself, not inside a Spec")
+        rows.append(build_row(spec.machine, **kwargs))
+    return rows
+
+
+def insert_rows(rows: list[Row], parent_ids=None, using=None) -> list[int | None]:
+    """Run insert_all.sql for validated rows; return ids in input order (None = duplicate)."""
+    if not rows:
+        return []
+    n = len(rows)
+    params = {
+        "fsm": [r.fsm for r in rows], "fsm_version": [r.fsm_version for r in rows],
+        "step": [r.step for r in rows], "state": [r.state for r in rows],
+        "queue": [r.queue for r in rows], "priority": [r.priority for r in rows],
+        "at": [r.at for r in rows], "delay": [r.delay for r in rows],
+        "concurrency_key": [r.concurrency_key for r in rows],
+        "rate_limit": [r.rate_limit for r in rows], "weight": [r.weight for r in rows],
+        "correlation_key": [r.correlation_key for r in rows],
+        "scope": [",".join(r.scope) for r in rows],
+        "parent_id": list(parent_ids) if parent_ids is not None else [None] * n,
+        "ord": list(range(n)),
+    }
+    returned = db.fetchall(sql.INSERT_ALL, params, using)
+    return map_returned(rows, [(r[0], r[1]) for r in returned])
+
+
+def map_returned(rows: list[Row], returned: list[tuple[int, str | None]]) -> list[int | None]:
+    """Map RETURNING (id, key) back to input positions.
+
+    Rows are inserted in (key, position) order, so within one key ids ascend with
+    position. Per key, rows whose scope lacks 'runnable' always land; of the guarded
+    ones only the first can land (later ones conflict in-batch), and none when the key
+    was already held.
+    """
+    out: list[int | None] = [None] * len(rows)
+    by_key: dict = {}
+    for pos, r in enumerate(rows):
+        by_key.setdefault(r.correlation_key, []).append(pos)
+    ids_by_key: dict = {}
+    for id_, key in returned:
+        ids_by_key.setdefault(key, []).append(id_)
+    for key, positions in by_key.items():
+        ids = sorted(ids_by_key.get(key, ()))
+        if not ids:
+            continue
+        if key is None:
+            candidates = positions
+        else:
+            unguarded = [p for p in positions if not rows[p].guarded]
+            guarded = [p for p in positions if rows[p].guarded][:1]
+            candidates = sorted(unguarded + guarded) if len(ids) > len(unguarded) else unguarded
+        for pos, id_ in zip(candidates, ids):
+            out[pos] = id_
+    return out
+
+
+def insert_all(specs, *, using=None) -> list[int | None]:
+    """Insert a batch of `gd.Spec(machine, **insert_kwargs)`; one statement for any size.
+
+    Returns ids in input order, None where the correlation key was a duplicate (within
+    the batch or against live rows). Statements: 1 (0 for an empty list). Raises what
+    `insert` raises for a bad spec, before anything is written.
+    """
+    return insert_rows(spec_rows(specs), using=using)
+
+
+ainsert = sync_to_async(insert)
+ainsert.__doc__ = "Async twin of `insert`."
+ainsert_all = sync_to_async(insert_all)
+ainsert_all.__doc__ = "Async twin of `insert_all`."

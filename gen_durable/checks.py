@@ -1,0 +1,183 @@
+"""System checks for `settings.GEN_DURABLE` (SPEC §2): gen_durable.E0nn / W0nn.
+
+One function per concern; each failure names the key and carries a hint. They run at
+`manage.py check`, `migrate` and `rundurable` start-up.
+"""
+
+from __future__ import annotations
+
+import difflib
+import numbers
+
+from django.conf import settings as django_settings
+from django.core.checks import Error, Tags, Warning, register
+
+from .conf import DEFAULTS, get_settings, user_settings
+
+ID = "gen_durable."
+
+
+def _num(v, *, positive=False, minimum=0):
+    ok = isinstance(v, numbers.Real) and not isinstance(v, bool)
+    return ok and (v > 0 if positive else v >= minimum)
+
+
+def _int(v, *, minimum=0):
+    return isinstance(v, int) and not isinstance(v, bool) and v >= minimum
+
+
+@register(Tags.compatibility)
+def check_unknown_keys(app_configs=None, **kwargs):
+    """E001: a key of GEN_DURABLE that gen_durable does not know."""
+    raw = getattr(django_settings, "GEN_DURABLE", None)
+    if raw is not None and not isinstance(raw, dict):
+        return [Error("GEN_DURABLE must be a dict.", hint="See SPEC §2 for the keys.", id=ID + "E001")]
+    errors = []
+    for key in sorted(user_settings()):
+        if key not in DEFAULTS:
+            close = difflib.get_close_matches(key, DEFAULTS, n=1)
+            hint = f"Did you mean {close[0]!r}?" if close else "Known keys: " + ", ".join(DEFAULTS)
+            errors.append(Error(f"GEN_DURABLE has an unknown key {key!r}.", hint=hint, id=ID + "E001"))
+    return errors
+
+
+@register(Tags.compatibility)
+def check_queues(app_configs=None, **kwargs):
+    """E002: QUEUES must map non-empty names to positive ints."""
+    queues = get_settings().QUEUES
+    if not isinstance(queues, dict):
+        return [Error("GEN_DURABLE['QUEUES'] must be a dict of queue name -> concurrency.",
+                      hint='For example {"default": 10}.', id=ID + "E002")]
+    errors = []
+    for name, conc in queues.items():
+        if not isinstance(name, str) or not name:
+            errors.append(Error(f"GEN_DURABLE['QUEUES'] has an invalid queue name {name!r}.",
+                                hint="Queue names are non-empty strings.", id=ID + "E002"))
+        elif not _int(conc, minimum=1):
+            errors.append(Error(f"GEN_DURABLE['QUEUES'][{name!r}] must be a positive int, got {conc!r}.",
+                                hint="It is the number of concurrent steps per worker process.", id=ID + "E002"))
+    return errors
+
+
+@register(Tags.compatibility)
+def check_timings(app_configs=None, **kwargs):
+    """E003: durations must be numbers of seconds; W001: heartbeat × 3 > lease."""
+    s = get_settings()
+    errors = []
+    for key in ("LEASE_TTL", "HEARTBEAT_INTERVAL", "POLL_INTERVAL", "MAX_POLL_INTERVAL"):
+        if not _num(getattr(s, key), positive=True):
+            errors.append(Error(f"GEN_DURABLE['{key}'] must be a number of seconds > 0, got {getattr(s, key)!r}.",
+                                hint="Durations are seconds (SPEC §2).", id=ID + "E003"))
+    if not _num(s.DRAIN_TIMEOUT):
+        errors.append(Error(f"GEN_DURABLE['DRAIN_TIMEOUT'] must be seconds >= 0, got {s.DRAIN_TIMEOUT!r}.",
+                            hint="Seconds in-flight steps get on shutdown.", id=ID + "E003"))
+    for key in ("PREFETCH",):
+        if not _int(getattr(s, key)):
+            errors.append(Error(f"GEN_DURABLE['{key}'] must be an int >= 0.", hint="Feeder knob (SPEC §2).", id=ID + "E003"))
+    if not _int(s.MIN_DEMAND, minimum=1):
+        errors.append(Error("GEN_DURABLE['MIN_DEMAND'] must be an int >= 1.", hint="Feeder knob (SPEC §2).", id=ID + "E003"))
+    if not _int(s.MAX_PAYLOAD_BYTES, minimum=1):
+        errors.append(Error("GEN_DURABLE['MAX_PAYLOAD_BYTES'] must be a positive int.", hint="Bytes of encoded JSON.", id=ID + "E003"))
+    if not errors:
+        if s.POLL_INTERVAL > s.MAX_POLL_INTERVAL:
+            errors.append(Error("GEN_DURABLE['POLL_INTERVAL'] exceeds MAX_POLL_INTERVAL.",
+                                hint="The back-off ceiling must be >= the base interval.", id=ID + "E003"))
+        if s.HEARTBEAT_INTERVAL * 3 > s.LEASE_TTL:
+            errors.append(Warning(
+                f"GEN_DURABLE heartbeat ({s.HEARTBEAT_INTERVAL}s) x 3 exceeds the lease ({s.LEASE_TTL}s).",
+                hint="A missed heartbeat or two would let the reaper take a live step; keep HEARTBEAT_INTERVAL x 3 <= LEASE_TTL.",
+                id=ID + "W001"))
+    return errors
+
+
+def _section(value, name, keys, eid):
+    if value is False:
+        return []
+    if not isinstance(value, dict):
+        return [Error(f"GEN_DURABLE['{name}'] must be a dict or False, got {value!r}.",
+                      hint=f"Keys: {', '.join(keys)}.", id=ID + eid)]
+    errors = []
+    for k, v in value.items():
+        if k not in keys:
+            close = difflib.get_close_matches(str(k), keys, n=1)
+            errors.append(Error(f"GEN_DURABLE['{name}'] has an unknown key {k!r}.",
+                                hint=f"Did you mean {close[0]!r}?" if close else f"Keys: {', '.join(keys)}.", id=ID + eid))
+        elif not _num(v, positive=True) or (k == "BATCH" and not _int(v, minimum=1)) or (k == "MAX_BATCH" and not _int(v, minimum=1)):
+            if k == "RETENTION" and _num(v):
+                continue
+            errors.append(Error(f"GEN_DURABLE['{name}']['{k}'] must be a positive number, got {v!r}.",
+                                hint="Durations are seconds; batches are ints.", id=ID + eid))
+    return errors
+
+
+@register(Tags.compatibility)
+def check_sections(app_configs=None, **kwargs):
+    """E004: FLUSH / REAPER / GC dicts."""
+    s = get_settings()
+    errors = []
+    if s.FLUSH is False:
+        errors.append(Error("GEN_DURABLE['FLUSH'] cannot be False.", hint="Every outcome goes through the flush (SPEC §10.3).", id=ID + "E004"))
+    else:
+        errors += _section(s.FLUSH, "FLUSH", ("MAX_BATCH", "MAX_DELAY"), "E004")
+    errors += _section(s.REAPER, "REAPER", ("INTERVAL",), "E004")
+    errors += _section(s.GC, "GC", ("INTERVAL", "RETENTION", "BATCH"), "E004")
+    return errors
+
+
+@register(Tags.compatibility)
+def check_notify_and_limiter(app_configs=None, **kwargs):
+    """E005: NOTIFY is "postgres" or "none"; E006: LIMITER shape."""
+    s = get_settings()
+    errors = []
+    if s.NOTIFY not in ("postgres", "none"):
+        errors.append(Error(f"GEN_DURABLE['NOTIFY'] must be 'postgres' or 'none', got {s.NOTIFY!r}.",
+                            hint="'none' means poll only.", id=ID + "E005"))
+    lim = s.LIMITER
+    if not (lim == "postgres" or (isinstance(lim, dict) and lim.get("BACKEND") in ("postgres", "redis"))):
+        errors.append(Error(f"GEN_DURABLE['LIMITER'] must be 'postgres' or {{'BACKEND': 'redis', 'URL': ...}}, got {lim!r}.",
+                            hint="See SPEC §2.", id=ID + "E006"))
+    elif isinstance(lim, dict) and lim.get("BACKEND") == "redis" and not isinstance(lim.get("URL"), str):
+        errors.append(Error("GEN_DURABLE['LIMITER'] with BACKEND 'redis' needs a 'URL'.",
+                            hint="For example 'redis://127.0.0.1:6379/0'.", id=ID + "E006"))
+    return errors
+
+
+@register(Tags.compatibility)
+def check_limits(app_configs=None, **kwargs):
+    """E007: RATE_LIMITS and CONCURRENCY_LIMITS entries."""
+    s = get_settings()
+    errors = []
+    for name, cfg in (s.RATE_LIMITS or {}).items() if isinstance(s.RATE_LIMITS, dict) else ():
+        if not isinstance(cfg, dict) or not _num(cfg.get("allowed"), minimum=0) or not _num(cfg.get("period"), positive=True):
+            errors.append(Error(f"GEN_DURABLE['RATE_LIMITS'][{name!r}] needs 'allowed' (>= 0) and 'period' (seconds > 0).",
+                                hint='For example {"allowed": 100, "period": 60}.', id=ID + "E007"))
+    for name, cfg in (s.CONCURRENCY_LIMITS or {}).items() if isinstance(s.CONCURRENCY_LIMITS, dict) else ():
+        if not isinstance(cfg, dict) or not _int(cfg.get("limit"), minimum=1):
+            errors.append(Error(f"GEN_DURABLE['CONCURRENCY_LIMITS'][{name!r}] needs 'limit', a positive int.",
+                                hint='For example {"limit": 5}.', id=ID + "E007"))
+    for key in ("RATE_LIMITS", "CONCURRENCY_LIMITS"):
+        if not isinstance(getattr(s, key), dict):
+            errors.append(Error(f"GEN_DURABLE['{key}'] must be a dict.", hint="name -> options", id=ID + "E007"))
+    return errors
+
+
+@register(Tags.database)
+def check_database(app_configs=None, databases=None, **kwargs):
+    """E008: the engine alias exists and is PostgreSQL; W002: prepared statements off."""
+    alias = get_settings().DATABASE
+    dbs = django_settings.DATABASES
+    if alias not in dbs:
+        return [Error(f"GEN_DURABLE['DATABASE'] names an unknown database alias {alias!r}.",
+                      hint=f"Aliases: {', '.join(dbs)}.", id=ID + "E008")]
+    cfg = dbs[alias]
+    if "postgresql" not in cfg.get("ENGINE", ""):
+        return [Error(f"gen_durable needs PostgreSQL; database {alias!r} uses {cfg.get('ENGINE')!r}.",
+                      hint="Use django.db.backends.postgresql with psycopg 3.", id=ID + "E008")]
+    opts = cfg.get("OPTIONS", {})
+    if opts.get("server_side_binding") is not True or opts.get("prepare_threshold") is None:
+        return [Warning(
+            f"Database {alias!r} has prepared statements off (Django's default).",
+            hint='Set OPTIONS={"server_side_binding": True, "prepare_threshold": 1} so each hot statement '
+                 "is planned once per connection (SPEC §0); keep them off behind PgBouncer in transaction mode.",
+            id=ID + "W002")]
+    return []

@@ -1,0 +1,115 @@
+"""JSON encoding of states, results and payloads (SPEC §1: Django's JSON encoder).
+
+Plain dict states are stored as encoded by `DjangoJSONEncoder` (datetime → ISO string,
+Decimal → string, UUID → string) and come back as those strings. A machine that
+declares `State` as a dataclass (or a pydantic model) gets its values back typed:
+the field annotations drive the decoding, so datetime, date, time, timedelta,
+Decimal, UUID, nested dataclasses, lists and dicts round-trip exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import types
+import typing
+import uuid
+from decimal import Decimal
+from functools import lru_cache
+
+from django.core.serializers.json import DjangoJSONEncoder
+from django.utils.dateparse import parse_date, parse_datetime, parse_duration, parse_time
+
+from .exceptions import SerializationError
+
+
+class Encoder(DjangoJSONEncoder):
+    def default(self, o):
+        if dataclasses.is_dataclass(o) and not isinstance(o, type):
+            return {f.name: getattr(o, f.name) for f in dataclasses.fields(o)}
+        dump = getattr(o, "model_dump", None)  # pydantic v2
+        if callable(dump):
+            return dump(mode="json")
+        if isinstance(o, (set, frozenset)):
+            return sorted(o, key=repr)
+        return super().default(o)
+
+
+def encode(value, what: str, limit: int | None = None) -> str:
+    """Encode `value` as JSON text; raise SerializationError naming `what` on failure.
+
+    limit: the largest accepted size in bytes (GEN_DURABLE['MAX_PAYLOAD_BYTES']).
+    """
+    try:
+        text = json.dumps(value, cls=Encoder, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise SerializationError(f"{what} is not JSON-serialisable: {exc}") from exc
+    if limit is not None and len(text) > limit and len(text.encode()) > limit:
+        raise SerializationError(
+            f"{what} is {len(text.encode())} bytes of JSON, over the {limit}-byte limit "
+            "(GEN_DURABLE['MAX_PAYLOAD_BYTES']); store large data elsewhere and keep a reference"
+        )
+    return text
+
+
+def encode_state(state, what="state", limit=None) -> str:
+    if state is None:
+        state = {}
+    return encode(state, what, limit)
+
+
+def _is_pydantic(tp) -> bool:
+    return isinstance(tp, type) and hasattr(tp, "model_validate")
+
+
+@lru_cache(maxsize=256)
+def _hints(cls):
+    return typing.get_type_hints(cls)
+
+
+def convert(tp, value):
+    """Convert decoded JSON `value` to the annotated type `tp` (best effort, exact for the types above)."""
+    if value is None or tp is typing.Any:
+        return value
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return convert(args[0], value) if len(args) == 1 else value
+    if origin in (list, tuple, set, frozenset) or tp in (list, tuple, set):
+        args = typing.get_args(tp)
+        items = [convert(args[0], v) for v in value] if args else list(value)
+        return (origin or tp)(items) if (origin or tp) is not list else items
+    if origin is dict:
+        args = typing.get_args(tp)
+        return {k: convert(args[1], v) for k, v in value.items()} if args else dict(value)
+    if dataclasses.is_dataclass(tp):
+        return load_typed(tp, value)
+    if _is_pydantic(tp):
+        return tp.model_validate(value)
+    if tp is dt.datetime and isinstance(value, str):
+        return parse_datetime(value)
+    if tp is dt.date and isinstance(value, str):
+        return parse_date(value)
+    if tp is dt.time and isinstance(value, str):
+        return parse_time(value)
+    if tp is dt.timedelta and isinstance(value, str):
+        return parse_duration(value)
+    if tp is Decimal:
+        return Decimal(str(value))
+    if tp is uuid.UUID and isinstance(value, str):
+        return uuid.UUID(value)
+    return value
+
+
+def load_typed(cls, data):
+    """Build `cls` (a dataclass or pydantic model) from decoded JSON; missing keys take defaults."""
+    if data is None:
+        data = {}
+    if isinstance(data, str):  # legacy rows whose jsonb is a JSON string (behaviours INS-13)
+        data = json.loads(data)
+    if _is_pydantic(cls):
+        return cls.model_validate(data)
+    hints = _hints(cls)
+    names = {f.name for f in dataclasses.fields(cls) if f.init}
+    return cls(**{k: convert(hints.get(k, typing.Any), v) for k, v in data.items() if k in names})

@@ -1,0 +1,91 @@
+"""`settings.GEN_DURABLE` → a frozen `Settings` (SPEC §2).
+
+Read it with `get_settings()`; the value is cached and reset when Django's
+`setting_changed` signal fires (so `override_settings` works in tests). Validation
+lives in checks.py; `get_settings()` itself only merges defaults.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+from django.conf import settings as django_settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+DEFAULTS: dict[str, Any] = {
+    "DATABASE": "default",
+    "QUEUES": {"default": 10},
+    "RATE_LIMITS": {},
+    "CONCURRENCY_LIMITS": {},
+    "LIMITER": "postgres",
+    "LEASE_TTL": 60,
+    "HEARTBEAT_INTERVAL": 20,
+    "POLL_INTERVAL": 1,
+    "MAX_POLL_INTERVAL": 5,
+    "NOTIFY": "postgres",
+    "PREFETCH": 0,
+    "MIN_DEMAND": 1,
+    "FLUSH": {"MAX_BATCH": 100, "MAX_DELAY": 0.005},
+    "REAPER": {"INTERVAL": 30},
+    "GC": {"INTERVAL": 60, "RETENTION": 86400, "BATCH": 10000},
+    "DRAIN_TIMEOUT": 5,
+    # Not in SPEC §2's table: the largest encoded state/result/payload accepted (§9).
+    "MAX_PAYLOAD_BYTES": 1_048_576,
+}
+
+# Keys whose dict values merge over the defaults (a partial FLUSH keeps MAX_DELAY).
+NESTED = ("FLUSH", "REAPER", "GC")
+
+
+@dataclass(frozen=True)
+class Settings:
+    DATABASE: str
+    QUEUES: dict
+    RATE_LIMITS: dict
+    CONCURRENCY_LIMITS: dict
+    LIMITER: Any
+    LEASE_TTL: float
+    HEARTBEAT_INTERVAL: float
+    POLL_INTERVAL: float
+    MAX_POLL_INTERVAL: float
+    NOTIFY: str
+    PREFETCH: int
+    MIN_DEMAND: int
+    FLUSH: dict
+    REAPER: Any
+    GC: Any
+    DRAIN_TIMEOUT: float
+    MAX_PAYLOAD_BYTES: int
+    unknown: tuple = field(default=())
+
+
+def user_settings() -> dict:
+    value = getattr(django_settings, "GEN_DURABLE", None) or {}
+    return dict(value) if isinstance(value, dict) else {}
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """Return the merged, frozen settings (defaults under `settings.GEN_DURABLE`)."""
+    raw = user_settings()
+    merged = {}
+    for key, default in DEFAULTS.items():
+        value = raw.get(key, default)
+        if key in NESTED and isinstance(value, dict):
+            value = {**default, **value}
+        merged[key] = value
+    unknown = tuple(sorted(k for k in raw if k not in DEFAULTS))
+    return Settings(**merged, unknown=unknown)
+
+
+def database_alias(using: str | None = None) -> str:
+    return using or get_settings().DATABASE
+
+
+@receiver(setting_changed)
+def _reset(setting, **kwargs):
+    if setting in ("GEN_DURABLE", "DATABASES"):
+        get_settings.cache_clear()

@@ -1,0 +1,48 @@
+"""Exceptions raised by the public API (SPEC §1, §9)."""
+
+
+class GenDurableError(Exception):
+    """Base class of every error gen_durable raises on purpose."""
+
+
+class DuplicateInstance(GenDurableError):
+    """`insert` found its correlation key occupied (SPEC §4.1).
+
+    Attributes: `correlation_key` (str).
+    """
+
+    def __init__(self, correlation_key):
+        self.correlation_key = correlation_key
+        super().__init__(f"an instance with correlation_key {correlation_key!r} is already live")
+
+
+class NoTarget(GenDurableError, LookupError):
+    """A signal or cancel addressed a missing or terminal instance (SPEC §4.4)."""
+
+    def __init__(self, target):
+        self.target = target
+        super().__init__(f"no live gen_durable instance {target!r}")
+
+
+class UnknownMachine(GenDurableError, LookupError):
+    """No machine is registered under that name and version (behaviours REG-01)."""
+
+    def __init__(self, name, version=None):
+        self.name, self.version = name, version
+        where = f"{name!r}" if version is None else f"{name!r} version {version}"
+        super().__init__(
+            f"no gen_durable machine registered as {where}; is its module imported "
+            "(a durable.py of an installed app) or the old version still registered?"
+        )
+
+
+class InvalidInput(GenDurableError, ValueError):
+    """An argument is out of its documented range (negative delay, naive datetime…)."""
+
+
+class SerializationError(GenDurableError, TypeError):
+    """A state, result or payload cannot be encoded as JSON, or is too large."""
+
+
+class InvalidOutcome(GenDurableError, TypeError):
+    """A step or `handle` returned something that is not an outcome (SPEC §1)."""

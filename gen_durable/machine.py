@@ -1,0 +1,220 @@
+"""Machines, jobs and the step context (SPEC §1).
+
+A `Machine` subclass registers itself under a stable `name` (default
+"<module>.<QualName>") and `version`. Its steps are methods decorated with `@step`;
+each takes `ctx` and returns an outcome (outcomes.py). A `Job` is a one-step machine
+whose `perform(args, ctx)` returns a result; `@job` makes one from a function.
+"""
+
+from __future__ import annotations
+
+import inspect
+import random
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, NamedTuple
+
+from . import registry
+from .exceptions import InvalidInput
+from .outcomes import Cancel, Done, Error, Retry, Stop
+
+MAX_BACKOFF = 300.0  # seconds: the default backoff's cap (SPEC §1 Jobs)
+
+
+def step(fn):
+    """Mark a method `fn(self, ctx) -> outcome` as a step named after the method."""
+    fn._gd_step = True
+    return fn
+
+
+class Signal(NamedTuple):
+    """One inbox row as a step sees it (ctx.awaited / ctx.all)."""
+
+    id: int
+    name: str
+    payload: Any
+    inserted_at: Any
+
+
+class ChildRow(NamedTuple):
+    """One child as its parent sees it (ctx.children)."""
+
+    id: int
+    fsm: str
+    status: str
+    state: Any
+    result: Any
+    last_error: str | None
+
+
+@dataclass
+class Context:
+    """What a step is given: the row and its inputs as of the pick (SPEC §1).
+
+    attempt: 0-based; awaited: the signals this step was woken with (names it awaited);
+    all: the whole inbox; children: every child row still in the table, by id.
+    """
+
+    id: int
+    step: str
+    state: Any
+    attempt: int = 0
+    awaited: list = field(default_factory=list)
+    all: list = field(default_factory=list)
+    children: list = field(default_factory=list)
+    queue: str = "default"
+    correlation_key: str | None = None
+    machine: Any = None
+
+    @property
+    def args(self):
+        """Alias of `state` for jobs."""
+        return self.state
+
+
+class Machine:
+    """Base class of durable state machines. See the module docstring and SPEC §1."""
+
+    abstract: ClassVar[bool] = True
+    name: ClassVar[str] = ""
+    version: ClassVar[int] = 1
+    queue: ClassVar[str] = "default"
+    initial: ClassVar[str] = "start"
+    inline_execution: ClassVar[bool] = False
+    State: ClassVar[Any] = None
+    steps: ClassVar[dict] = {}
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("abstract", False):
+            return
+        if "name" not in cls.__dict__ or not cls.__dict__["name"]:
+            cls.name = f"{cls.__module__}.{cls.__qualname__}"
+        if not isinstance(cls.version, int) or isinstance(cls.version, bool) or cls.version < 1:
+            raise InvalidInput(f"{cls.__qualname__}.version must be an int >= 1")
+        if not isinstance(cls.queue, str) or not cls.queue:
+            raise InvalidInput(f"{cls.__qualname__}.queue must be a non-empty string")
+        cls.steps = cls._collect_steps()
+        if cls.initial not in cls.steps:
+            raise InvalidInput(
+                f"{cls.__qualname__}.initial is {cls.initial!r} but its steps are {sorted(cls.steps)}; "
+                "decorate the first step with @gd.step or set `initial`"
+            )
+        registry.register(cls)
+
+    @classmethod
+    def _collect_steps(cls) -> dict:
+        found = {}
+        for klass in reversed(cls.__mro__):
+            for attr, value in vars(klass).items():
+                if getattr(value, "_gd_step", False):
+                    found[attr] = attr
+        return found
+
+    def handle(self, error: BaseException, ctx: Context):
+        """Turn an exception raised by a step into an outcome. Default: Stop(repr(error))."""
+        return Stop(repr(error))
+
+    # Convenience: Checkout.insert(state=...) == gd.insert(Checkout, state=...)
+    @classmethod
+    def insert(cls, **kwargs) -> int:
+        from .calls import insert
+
+        return insert(cls, **kwargs)
+
+    @classmethod
+    async def ainsert(cls, **kwargs) -> int:
+        from .calls import ainsert
+
+        return await ainsert(cls, **kwargs)
+
+
+class Job(Machine):
+    """A one-step machine: `perform(args, ctx)` returns a result (SPEC §1 Jobs).
+
+    Returning None or a value → done (value stored); raising or returning
+    gd.Error(reason) → retried after `backoff(attempt)` seconds until `max_attempts`,
+    then failed; returning gd.Cancel(reason) → failed at once.
+    """
+
+    abstract: ClassVar[bool] = True
+    initial: ClassVar[str] = "perform"
+    max_attempts: ClassVar[int] = 20
+
+    def __init_subclass__(cls, **kwargs):
+        if not cls.__dict__.get("abstract", False):
+            perform = getattr(cls, "perform", None)
+            if perform is None or perform is Job.perform:
+                raise InvalidInput(f"Job {cls.__qualname__} must define perform(self, args, ctx)")
+            if not isinstance(cls.max_attempts, int) or cls.max_attempts < 1:
+                raise InvalidInput(f"{cls.__qualname__}.max_attempts must be an int >= 1")
+            n = len(inspect.signature(perform).parameters)
+            cls._perform_arity = n
+        super().__init_subclass__(**kwargs)
+
+    def perform(self, args, ctx):  # pragma: no cover - replaced by subclasses
+        raise NotImplementedError
+
+    def backoff(self, attempt: int) -> float:
+        """Seconds to wait before attempt `attempt + 1`: min(2**attempt, 300)."""
+        if attempt >= 9:  # 2**9 > 300: never build huge numbers (SPEC §4.14)
+            return MAX_BACKOFF
+        return float(min(2 ** max(attempt, 0), MAX_BACKOFF))
+
+    @step
+    def run_perform(self, ctx):
+        value = self.perform(ctx.state, ctx) if self._perform_arity >= 3 else self.perform(ctx.state)
+        if isinstance(value, Error):
+            return self._retry_or_stop(value.reason, ctx)
+        if isinstance(value, Cancel):
+            return Stop(value.reason)
+        if isinstance(value, (Done, Stop)):
+            return value
+        return Done(value)
+
+    def handle(self, error, ctx):
+        return self._retry_or_stop(error, ctx)
+
+    def _retry_or_stop(self, reason, ctx):
+        if ctx.attempt + 1 < self.max_attempts:
+            return Retry(delay=jittered(self.backoff(ctx.attempt)))
+        return Stop(reason if isinstance(reason, str) else repr(reason))
+
+    @classmethod
+    def _collect_steps(cls) -> dict:
+        # The one step is stored as "perform" and runs run_perform.
+        return {"perform": "run_perform"}
+
+
+def jittered(delay: float) -> float:
+    """Spread retries: a uniform draw from [0.75 × delay, delay] (SPEC §4.14)."""
+    delay = max(0.0, min(float(delay), 10 * 365 * 86400.0))
+    return delay * (0.75 + 0.25 * random.random())
+
+
+def job(fn=None, *, queue: str = "default", max_attempts: int = 20, name: str | None = None, version: int = 1):
+    """Make a Job from a function `fn(args)` or `fn(args, ctx)`; returns the Job class.
+
+    Usage: `@gd.job(queue="email")` above `def send(args): ...`, then
+    `gd.insert(send, args={...})` or `send.insert(args={...})`.
+    """
+
+    def wrap(fn):
+        arity = len(inspect.signature(fn).parameters)
+
+        def perform(self, args, ctx):
+            return fn(args, ctx) if arity >= 2 else fn(args)
+
+        attrs = {
+            "queue": queue,
+            "max_attempts": max_attempts,
+            "version": version,
+            "name": name or f"{fn.__module__}.{fn.__qualname__}",
+            "perform": perform,
+            "__module__": fn.__module__,
+            "__qualname__": fn.__qualname__,
+            "__doc__": fn.__doc__,
+            "func": staticmethod(fn),
+        }
+        return type(fn.__name__, (Job,), attrs)
+
+    return wrap(fn) if fn is not None else wrap

@@ -1,0 +1,188 @@
+"""What a step returns (SPEC §1 Outcomes).
+
+Each outcome is a frozen value; the executor validates it and turns it into a row of
+the group-commit flush (worker/flusher.py). `state=KEEP` (the default) carries the
+current state over; `concurrency_key=KEEP` in `Next` keeps the current key.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from .exceptions import InvalidInput
+
+
+class _Keep:
+    __slots__ = ()
+
+    def __repr__(self):
+        return "KEEP"
+
+    def __bool__(self):
+        return False
+
+
+KEEP: Any = _Keep()
+
+
+def seconds(value, what: str) -> float:
+    """Return `value` (seconds as int/float, or a timedelta) as float seconds ≥ 0.
+
+    Raises InvalidInput for a negative, NaN or non-numeric value.
+    """
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidInput(f"{what} must be seconds (int, float or timedelta), got {value!r}")
+    value = float(value)
+    if math.isnan(value) or value < 0 or math.isinf(value):
+        raise InvalidInput(f"{what} must be a finite number of seconds >= 0, got {value!r}")
+    return value
+
+
+def key_string(value, what: str):
+    """Normalise a concurrency or rate key: None, "name" or (name, partition) → "name:partition"."""
+    if value is None or value is KEEP:
+        return value
+    if isinstance(value, tuple):
+        if len(value) != 2:
+            raise InvalidInput(f"{what} must be a name or a (name, partition) pair, got {value!r}")
+        value = f"{value[0]}:{value[1]}"
+    if not isinstance(value, str) or not value:
+        raise InvalidInput(f"{what} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _names(names) -> tuple[str, ...]:
+    if isinstance(names, str):
+        names = (names,)
+    names = tuple(names)
+    if not names or not all(isinstance(n, str) and n for n in names):
+        raise InvalidInput(f"Await needs one or more non-empty signal names, got {names!r}")
+    return names
+
+
+@dataclass(frozen=True)
+class Next:
+    """Go to `step`; status runnable, attempt 0 (SPEC §1).
+
+    rate_limit: None, "name" or (name, partition) for the next step (§4.7).
+    weight: tokens the next step takes, > 0.
+    concurrency_key: KEEP (default), None (release) or a new key (§4.6).
+    inline: None (machine default), True or False (§4.8).
+    """
+
+    step: str
+    state: Any = KEEP
+    rate_limit: Any = None
+    weight: float = 1
+    concurrency_key: Any = KEEP
+    inline: bool | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.step, str) or not self.step:
+            raise InvalidInput(f"Next needs a step name, got {self.step!r}")
+        object.__setattr__(self, "rate_limit", key_string(self.rate_limit, "rate_limit"))
+        object.__setattr__(self, "concurrency_key", key_string(self.concurrency_key, "concurrency_key"))
+        if isinstance(self.weight, bool) or not isinstance(self.weight, (int, float)) or not self.weight > 0:
+            raise InvalidInput(f"Next weight must be a number > 0, got {self.weight!r}")
+
+
+@dataclass(frozen=True)
+class Retry:
+    """Re-run the same step after `delay` seconds, attempt + 1; keeps awaited signals."""
+
+    state: Any = KEEP
+    delay: Any = 0
+
+    def __post_init__(self):
+        object.__setattr__(self, "delay", seconds(self.delay, "Retry delay"))
+
+
+@dataclass(frozen=True)
+class Await:
+    """Park until a signal named in `names` arrives, then run `next` (SPEC §4.4).
+
+    timeout: seconds > 0 or None; on expiry the step runs with ctx.awaited == [].
+    """
+
+    names: Any
+    next: str
+    state: Any = KEEP
+    timeout: Any = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "names", _names(self.names))
+        if not isinstance(self.next, str) or not self.next:
+            raise InvalidInput(f"Await needs next=<step name>, got {self.next!r}")
+        if self.timeout is not None:
+            t = seconds(self.timeout, "Await timeout")
+            if t <= 0:
+                raise InvalidInput("Await timeout must be > 0 seconds")
+            object.__setattr__(self, "timeout", t)
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One instance to insert: `Spec(Machine, **insert_kwargs)` (SPEC §1 insert_all)."""
+
+    machine: Any
+    kwargs: dict = field(default_factory=dict)
+
+    def __init__(self, machine, **kwargs):
+        object.__setattr__(self, "machine", machine)
+        object.__setattr__(self, "kwargs", kwargs)
+
+
+Child = Spec
+
+
+@dataclass(frozen=True)
+class ScheduleChildren:
+    """Insert `children` and park until every one is terminal, then run `next` (§4.5)."""
+
+    next: str
+    children: Any = ()
+    state: Any = KEEP
+
+    def __post_init__(self):
+        kids = tuple(self.children)
+        if not all(isinstance(c, Spec) for c in kids):
+            raise InvalidInput("ScheduleChildren children must be gd.Child(Machine, **kwargs) values")
+        object.__setattr__(self, "children", kids)
+        if not isinstance(self.next, str) or not self.next:
+            raise InvalidInput(f"ScheduleChildren needs next=<step name>, got {self.next!r}")
+
+
+@dataclass(frozen=True)
+class Done:
+    """Terminal `done`; `result` (JSON) is stored."""
+
+    result: Any = None
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Terminal `failed`; `reason` is stored in last_error."""
+
+    reason: Any = "stopped"
+
+
+@dataclass(frozen=True)
+class Error:
+    """Job outcome: retry with the job's backoff until max_attempts, then failed."""
+
+    reason: Any = "error"
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """Job outcome: failed at once, no retry."""
+
+    reason: Any = "cancelled"
+
+
+OUTCOMES = (Next, Retry, Await, ScheduleChildren, Done, Stop)

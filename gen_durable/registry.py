@@ -1,0 +1,52 @@
+"""Machine registry: (name, version) → class (behaviours REG-01/02).
+
+Machines register themselves when their class is created. A row's `fsm` is resolved
+only against classes already imported — never by importing a module named in the
+database. `durable.py` modules of installed apps are imported by `apps.ready()`.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from django.core.exceptions import ImproperlyConfigured
+
+from .exceptions import UnknownMachine
+
+_lock = threading.Lock()
+_machines: dict[tuple[str, int], type] = {}
+
+
+def register(cls) -> None:
+    key = (cls.name, cls.version)
+    with _lock:
+        old = _machines.get(key)
+        if old is not None and old is not cls:
+            same_place = (old.__module__, old.__qualname__) == (cls.__module__, cls.__qualname__)
+            if not same_place:
+                raise ImproperlyConfigured(
+                    f"gen_durable machine {cls.name!r} version {cls.version} is defined twice: "
+                    f"{old.__module__}.{old.__qualname__} and {cls.__module__}.{cls.__qualname__}; "
+                    "give one a distinct `name` or `version`"
+                )
+        _machines[key] = cls
+
+
+def get(name: str, version: int = 1):
+    """Return the machine class registered as (name, version); raise UnknownMachine."""
+    try:
+        return _machines[(name, version)]
+    except KeyError:
+        raise UnknownMachine(name, version) from None
+
+
+def latest(name: str):
+    """Return the highest registered version of `name`; raise UnknownMachine."""
+    versions = [v for (n, v) in _machines if n == name]
+    if not versions:
+        raise UnknownMachine(name)
+    return _machines[(name, max(versions))]
+
+
+def all_machines() -> dict:
+    return dict(_machines)

@@ -1,0 +1,24 @@
+-- insert: one instance, deduplicated by its correlation key.
+-- Spec: SPEC §1 insert, §4.1 identity, §4.11 wake-ups, §4.12 one clock.
+-- Params: fsm text, fsm_version int, step text, state text (JSON), queue text,
+--   priority int (smallint range), at timestamptz | NULL (explicit instant),
+--   delay float8 (seconds from the database's now(), used when at is NULL),
+--   concurrency_key text, rate_limit text, weight float8, correlation_key text,
+--   scope text[] (statuses in which the key is reserved).
+-- Index: gen_durable_correlation is the ON CONFLICT arbiter; a NULL guard never conflicts.
+-- Returns: one row (id) when inserted, none when the key is occupied.
+-- A due row notifies its queue on commit: pg_notify is transactional and Postgres
+-- folds identical (channel, payload) pairs of one transaction into one.
+WITH ins AS (
+    INSERT INTO gen_durable (fsm, fsm_version, step, state, queue, priority, eligible_at,
+                             concurrency_key, rate_limit, weight, correlation_key,
+                             correlation_scope)
+    VALUES (%(fsm)s, %(fsm_version)s, %(step)s, %(state)s::jsonb, %(queue)s, %(priority)s,
+            COALESCE(%(at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
+            %(concurrency_key)s, %(rate_limit)s, %(weight)s::float8, %(correlation_key)s,
+            %(scope)s::text[]::gen_durable_status[])
+    ON CONFLICT (correlation_guard) WHERE correlation_guard IS NOT NULL DO NOTHING
+    RETURNING id, queue, eligible_at <= now() AS due
+)
+SELECT id, (CASE WHEN due THEN pg_notify('gen_durable', queue) END) IS NULL AS notified
+FROM ins

@@ -1,0 +1,38 @@
+-- insert_all: a batch of instances in one statement (also the children of
+-- ScheduleChildren, inside the flush transaction).
+-- Spec: SPEC §1 insert_all, §4.1 (ordered by key), §4.11; behaviours INS-10..12.
+-- Params: parallel arrays of equal length, so the text is static and the parameter
+--   count is fixed for any batch size: fsm text[], fsm_version int[], step text[],
+--   state text[] (JSON), queue text[], priority int[], at timestamptz[], delay float8[],
+--   concurrency_key text[], rate_limit text[], weight float8[], correlation_key text[],
+--   scope text[] (comma-joined statuses; enum labels hold no comma), parent_id bigint[],
+--   ord int[] (input position).
+-- Rows go in ORDER BY correlation_key: two batches racing on the same new keys then
+-- meet in one order on the unique index and conflict cleanly instead of deadlocking.
+-- Index: gen_durable_correlation (arbiter). Returns the inserted rows only.
+WITH input AS (
+    SELECT *
+    FROM unnest(%(fsm)s::text[], %(fsm_version)s::int[], %(step)s::text[], %(state)s::text[],
+                %(queue)s::text[], %(priority)s::int[], %(at)s::timestamptz[], %(delay)s::float8[],
+                %(concurrency_key)s::text[], %(rate_limit)s::text[], %(weight)s::float8[],
+                %(correlation_key)s::text[], %(scope)s::text[], %(parent_id)s::bigint[],
+                %(ord)s::int[])
+         AS r(fsm, fsm_version, step, state, queue, priority, at, delay, concurrency_key,
+              rate_limit, weight, correlation_key, scope, parent_id, ord)
+), ins AS (
+    INSERT INTO gen_durable (fsm, fsm_version, step, state, queue, priority, eligible_at,
+                             concurrency_key, rate_limit, weight, correlation_key,
+                             correlation_scope, parent_id)
+    SELECT fsm, fsm_version, step, state::jsonb, queue, priority,
+           COALESCE(at, now() + make_interval(secs => delay)),
+           concurrency_key, rate_limit, weight, correlation_key,
+           string_to_array(scope, ',')::gen_durable_status[], parent_id
+    FROM input
+    ORDER BY correlation_key, ord
+    ON CONFLICT (correlation_guard) WHERE correlation_guard IS NOT NULL DO NOTHING
+    RETURNING id, correlation_key, parent_id, queue, eligible_at <= now() AS due
+), wake AS (
+    SELECT pg_notify('gen_durable', queue) FROM (SELECT DISTINCT queue FROM ins WHERE due) q
+)
+SELECT ins.id, ins.correlation_key, ins.parent_id
+FROM ins CROSS JOIN (SELECT count(*) FROM wake) w

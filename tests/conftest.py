@@ -1,0 +1,37 @@
+import itertools
+import os
+import uuid
+
+import pytest
+from django.db import connection
+
+
+_counter = itertools.count()
+
+
+@pytest.fixture
+def queue_name(request):
+    """A queue name unique to this test, so tests sharing a database stay apart."""
+    return f"q{next(_counter)}_{uuid.uuid4().hex[:6]}"
+
+
+@pytest.fixture
+def clean_tables(transactional_db):
+    """Committed-row tests start from empty tables (transactional_db flushes after)."""
+    with connection.cursor() as cur:
+        cur.execute("TRUNCATE gen_durable, gen_durable_signals, gen_durable_buckets, gen_durable_bucket_configs RESTART IDENTITY CASCADE")
+    yield
+
+
+def wait_until(predicate, timeout=10.0, interval=0.02, what="condition"):
+    """Poll `predicate` until it is truthy; fail after `timeout` seconds (bounded retry)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)

@@ -1,0 +1,42 @@
+"""factory-boy factories for rows (tests use them instead of hand-written INSERTs)."""
+
+import factory
+from factory.django import DjangoModelFactory
+
+from gen_durable.models import Instance, Signal
+
+
+class InstanceFactory(DjangoModelFactory):
+    class Meta:
+        model = Instance
+
+    fsm = "tests.Counter"
+    fsm_version = 1
+    step = "start"
+    status = "runnable"
+    state = factory.LazyFunction(dict)
+    queue = "default"
+    priority = 0
+
+
+class ExecutingFactory(InstanceFactory):
+    """A row claimed by `locked_by` with a live lease (as the pick leaves it)."""
+
+    status = "executing"
+    locked_by = "test-worker"
+    lease_expires_at = factory.LazyFunction(lambda: __import__("django.utils.timezone", fromlist=["now"]).now()
+                                            + __import__("datetime").timedelta(seconds=60))
+
+
+class TerminalFactory(InstanceFactory):
+    status = "done"
+    result = factory.LazyFunction(dict)
+
+
+class SignalFactory(DjangoModelFactory):
+    class Meta:
+        model = Signal
+
+    target = factory.SubFactory(InstanceFactory)
+    name = "go"
+    payload = factory.LazyFunction(dict)

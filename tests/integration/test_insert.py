@@ -1,0 +1,243 @@
+"""insert / insert_all against real Postgres (SPEC §1, §4.1; behaviours INS-*)."""
+
+import datetime as dt
+import uuid
+from decimal import Decimal
+
+import pytest
+from django.db import connection, transaction
+from django.utils import timezone
+
+import gen_durable as gd
+from gen_durable.models import Instance
+from tests.durable_app.durable import Counter, Plain, noop
+
+pytestmark = pytest.mark.django_db
+
+
+def db_now():
+    with connection.cursor() as cur:
+        cur.execute("SELECT now()")
+        return cur.fetchone()[0]
+
+
+def test_insert_creates_a_runnable_row_with_defaults():
+    id_ = gd.insert(Counter, state={"target": 3})
+    row = Instance.objects.get(id=id_)
+    assert (row.status, row.step, row.attempt, row.queue, row.priority, row.weight) == \
+        ("runnable", "start", 0, "default", 0, 1.0)
+    assert row.fsm == "tests.Counter" and row.fsm_version == 1
+    assert row.state == {"target": 3}
+    assert row.correlation_scope == ["runnable", "executing", "awaiting_signal", "awaiting_children"]
+    with connection.cursor() as cur:
+        cur.execute("SELECT jsonb_typeof(state), eligible_at <= now() FROM gen_durable WHERE id = %s", [id_])
+        assert cur.fetchone() == ("object", True)
+
+
+def test_insert_is_one_statement(django_assert_num_queries):
+    with django_assert_num_queries(1):
+        gd.insert(Plain)
+
+
+def test_insert_all_of_1000_is_one_statement(django_assert_num_queries):
+    specs = [gd.Spec(Plain, state={"i": i}) for i in range(1000)]
+    with django_assert_num_queries(1):
+        ids = gd.insert_all(specs)
+    assert len(ids) == 1000 and None not in ids
+    assert Instance.objects.filter(id__in=ids).count() == 1000
+
+
+def test_insert_all_empty_sends_nothing(django_assert_num_queries):
+    with django_assert_num_queries(0):
+        assert gd.insert_all([]) == []
+
+
+def test_queue_defaults_from_the_machine_and_can_be_overridden():
+    class Mailer(gd.Machine):
+        queue = "mail"
+
+        @gd.step
+        def start(self, ctx):
+            return gd.Done()
+
+    a = gd.insert(Mailer)
+    b = gd.insert(Mailer, queue="other")
+    assert Instance.objects.get(id=a).queue == "mail"
+    assert Instance.objects.get(id=b).queue == "other"
+
+
+def test_job_args_alias_and_name_lookup():
+    id_ = gd.insert(noop, args={"x": 1})
+    id2 = gd.insert("tests.noop", args={"x": 2})
+    assert Instance.objects.get(id=id_).state == {"x": 1}
+    assert Instance.objects.get(id=id2).step == "perform"
+
+
+def test_scheduling_precedence_eligible_at_then_schedule_at_then_schedule_in():
+    base = timezone.now().replace(microsecond=0)
+    e, s = base + dt.timedelta(hours=3), base + dt.timedelta(hours=2)
+    a = gd.insert(Plain, eligible_at=e, schedule_at=s, schedule_in=60)
+    b = gd.insert(Plain, schedule_at=s, schedule_in=60)
+    assert Instance.objects.get(id=a).eligible_at == e
+    assert Instance.objects.get(id=b).eligible_at == s
+
+
+def test_schedule_in_is_computed_on_the_database_clock():
+    # Ask the database for its clock inside the same transaction: now() is the
+    # transaction start, so eligible_at must be exactly now() + 90 s.
+    with transaction.atomic():
+        now = db_now()
+        id_ = gd.insert(Plain, schedule_in=dt.timedelta(seconds=90))
+        eligible = Instance.objects.get(id=id_).eligible_at
+    assert eligible - now == dt.timedelta(seconds=90)
+
+
+def test_priority_and_weight_and_keys_are_stored():
+    id_ = gd.insert(Plain, priority=-5, concurrency_key=("gate", 7), rate_limit=("api", "t1"), weight=2.5)
+    row = Instance.objects.get(id=id_)
+    assert (row.priority, row.concurrency_key, row.rate_limit, row.weight) == (-5, "gate:7", "api:t1", 2.5)
+    with connection.cursor() as cur:
+        cur.execute("SELECT concurrency_name FROM gen_durable WHERE id = %s", [id_])
+        assert cur.fetchone()[0] == "gate"
+
+
+def test_duplicate_correlation_key_raises_and_writes_nothing():
+    gd.insert(Plain, correlation_key="order:1")
+    with pytest.raises(gd.DuplicateInstance) as err:
+        gd.insert(Plain, correlation_key="order:1")
+    assert err.value.correlation_key == "order:1"
+    assert Instance.objects.filter(correlation_key="order:1").count() == 1
+
+
+def test_key_is_freed_when_the_holder_terminates_with_the_default_scope():
+    id_ = gd.insert(Plain, correlation_key="k-free")
+    Instance.objects.filter(id=id_).update(status="done")
+    gd.insert(Plain, correlation_key="k-free")
+    assert Instance.objects.filter(correlation_key="k-free").count() == 2
+
+
+def test_terminal_statuses_in_scope_reserve_the_key():
+    scope = ["runnable", "executing", "awaiting_signal", "awaiting_children", "done", "failed"]
+    id_ = gd.insert(Plain, correlation_key="k-res", correlation_scope=scope)
+    Instance.objects.filter(id=id_).update(status="done")
+    with pytest.raises(gd.DuplicateInstance):
+        gd.insert(Plain, correlation_key="k-res")
+
+
+def test_empty_scope_never_dedups_and_null_key_never_conflicts():
+    gd.insert(Plain, correlation_key="k-empty", correlation_scope=[])
+    gd.insert(Plain, correlation_key="k-empty", correlation_scope=[])
+    gd.insert(Plain)
+    gd.insert(Plain)
+    assert Instance.objects.filter(correlation_key="k-empty").count() == 2
+
+
+def test_guard_follows_status_out_of_scope():
+    id_ = gd.insert(Plain, correlation_key="k-guard", correlation_scope=["runnable"])
+    Instance.objects.filter(id=id_).update(status="executing")
+    gd.insert(Plain, correlation_key="k-guard")  # executing is not in scope: key free
+
+
+def test_insert_all_dedups_in_batch_and_against_live_rows_in_input_order():
+    existing = gd.insert(Plain, correlation_key="k7")
+    ids = gd.insert_all([
+        gd.Spec(Plain, correlation_key="k7"),
+        gd.Spec(Plain, correlation_key="k8"),
+        gd.Spec(Plain, correlation_key="k8"),
+        gd.Spec(Plain),
+        gd.Spec(Plain, correlation_key="k9", correlation_scope=[]),
+        gd.Spec(Plain, correlation_key="k9", correlation_scope=[]),
+    ])
+    assert ids[0] is None and ids[2] is None
+    assert all(isinstance(i, int) for i in (ids[1], ids[3], ids[4], ids[5]))
+    assert existing not in ids
+    rows = {r.id: r for r in Instance.objects.filter(id__in=[i for i in ids if i])}
+    assert rows[ids[1]].correlation_key == "k8"
+    assert rows[ids[3]].correlation_key is None
+    assert ids[4] < ids[5]
+
+
+def test_insert_all_inserts_in_key_order():
+    ids = gd.insert_all([gd.Spec(Plain, correlation_key="b"), gd.Spec(Plain, correlation_key="a")])
+    assert ids[1] < ids[0]
+
+
+def test_insert_all_has_no_parameter_ceiling():
+    specs = [gd.Spec(Plain, correlation_key=f"big-{i}") for i in range(6000)]
+    ids = gd.insert_all(specs)
+    assert len(set(ids)) == 6000
+    with connection.cursor() as cur:
+        cur.execute("SELECT correlation_scope::text[] FROM gen_durable WHERE id = %s", [ids[0]])
+        assert cur.fetchone()[0] == ["runnable", "executing", "awaiting_signal", "awaiting_children"]
+
+
+def test_insert_inside_a_rolled_back_atomic_leaves_no_row():
+    before = Instance.objects.count()
+    with pytest.raises(RuntimeError):
+        with transaction.atomic():
+            gd.insert(Plain, correlation_key="rolled-back")
+            raise RuntimeError("roll back")
+    assert Instance.objects.count() == before
+    gd.insert(Plain, correlation_key="rolled-back")  # the key was never taken
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"queue": ""}, "queue"),
+    ({"queue": "  "}, "queue"),
+    ({"priority": 40000}, "priority"),
+    ({"priority": 1.5}, "priority"),
+    ({"schedule_in": -1}, "schedule_in"),
+    ({"schedule_in": float("nan")}, "schedule_in"),
+    ({"schedule_at": dt.datetime(2030, 1, 1)}, "timezone-aware"),
+    ({"eligible_at": "tomorrow"}, "eligible_at"),
+    ({"weight": 0}, "weight"),
+    ({"correlation_scope": ["live"]}, "correlation_scope"),
+    ({"step": "nope"}, "no step"),
+    ({"concurrency_key": ("a", "b", "c")}, "concurrency_key"),
+])
+def test_bad_input_gets_a_specific_error_and_writes_nothing(kwargs, message):
+    before = Instance.objects.count()
+    with pytest.raises(gd.InvalidInput, match=message):
+        gd.insert(Plain, **kwargs)
+    assert Instance.objects.count() == before
+
+
+def test_unknown_machine_name_is_a_lookup_error():
+    with pytest.raises(gd.UnknownMachine, match="nope.Machine"):
+        gd.insert("nope.Machine")
+    with pytest.raises(gd.InvalidInput):
+        gd.insert(object)
+
+
+def test_non_json_and_oversized_state_fail_at_insert(settings):
+    with pytest.raises(gd.SerializationError, match="not JSON"):
+        gd.insert(Plain, state={"x": object()})
+    settings.GEN_DURABLE = {**settings.GEN_DURABLE, "MAX_PAYLOAD_BYTES": 1000}
+    with pytest.raises(gd.SerializationError, match="1000-byte limit"):
+        gd.insert(Plain, state={"blob": "x" * 2000})
+
+
+def test_state_with_datetime_decimal_uuid_round_trips_as_django_json():
+    when = dt.datetime(2026, 1, 2, 3, 4, 5, 123000, tzinfo=dt.timezone.utc)
+    uid = uuid.uuid4()
+    id_ = gd.insert(Plain, state={"when": when, "amount": Decimal("10.50"), "id": uid, "nested": [[1, 2], {"a": [3]}]})
+    state = Instance.objects.get(id=id_).state
+    assert state == {"when": "2026-01-02T03:04:05.123Z", "amount": "10.50", "id": str(uid), "nested": [[1, 2], {"a": [3]}]}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_async_twins():
+    import asyncio
+
+    from asgiref.sync import sync_to_async
+    from django.db import connections
+
+    async def main():
+        try:
+            return await gd.ainsert(Plain, state={"a": 1}), await gd.ainsert_all([gd.Spec(Plain), gd.Spec(Plain)])
+        finally:
+            await sync_to_async(connections.close_all)()
+
+    id_, ids = asyncio.run(main())
+    assert Instance.objects.get(id=id_).state == {"a": 1}
+    assert Instance.objects.filter(id__in=ids).count() == 2

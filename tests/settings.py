@@ -1,0 +1,52 @@
+"""Settings for the test suite: real Postgres only (DATABASE_URL or embedded)."""
+
+import environ
+
+from devdb import database_url
+
+env = environ.Env()
+
+SECRET_KEY = "tests"
+DEBUG = False
+USE_TZ = True
+TIME_ZONE = "UTC"
+INSTALLED_APPS = [
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.admin",
+    "gen_durable",
+    "tests.durable_app",
+]
+DATABASES = {"default": env.db_url_config(database_url())}
+DATABASES["default"]["OPTIONS"] = {
+    **DATABASES["default"].get("OPTIONS", {}),
+    "server_side_binding": True,
+    "prepare_threshold": 1,
+}
+DATABASES["default"]["TEST"] = {"NAME": "test_gen_durable"}
+MIDDLEWARE = []
+ROOT_URLCONF = "tests.urls"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+GEN_DURABLE = {
+    "QUEUES": {"default": 4},
+    "LEASE_TTL": 3,
+    "HEARTBEAT_INTERVAL": 0.5,
+    "POLL_INTERVAL": 0.05,
+    "MAX_POLL_INTERVAL": 0.2,
+    "FLUSH": {"MAX_BATCH": 100, "MAX_DELAY": 0.005},
+    "REAPER": {"INTERVAL": 0.2},
+    "GC": {"INTERVAL": 0.5, "RETENTION": 86400, "BATCH": 1000},
+    "DRAIN_TIMEOUT": 2,
+}
+TEMPLATES = [{
+    "BACKEND": "django.template.backends.django.DjangoTemplates",
+    "APP_DIRS": True,
+    "OPTIONS": {"context_processors": [
+        "django.template.context_processors.request",
+        "django.contrib.auth.context_processors.auth",
+        "django.contrib.messages.context_processors.messages",
+    ]},
+}]
+LOGGING = {"version": 1, "disable_existing_loggers": False}
