@@ -170,7 +170,8 @@ def check_database(app_configs=None, databases=None, **kwargs):
         return [Error(f"GEN_DURABLE['DATABASE'] names an unknown database alias {alias!r}.",
                       hint=f"Aliases: {', '.join(dbs)}.", id=ID + "E008")]
     cfg = dbs[alias]
-    if "postgresql" not in cfg.get("ENGINE", ""):
+    engine = cfg.get("ENGINE", "")
+    if "postgresql" not in engine and "postgis" not in engine:  # PostGIS is PostgreSQL too
         return [Error(f"gen_durable needs PostgreSQL; database {alias!r} uses {cfg.get('ENGINE')!r}.",
                       hint="Use django.db.backends.postgresql with psycopg 3.", id=ID + "E008")]
     opts = cfg.get("OPTIONS", {})

@@ -26,6 +26,13 @@ from .exceptions import SerializationError
 
 class Encoder(DjangoJSONEncoder):
     def default(self, o):
+        # DjangoJSONEncoder cuts microseconds to milliseconds; keep all six digits so a
+        # datetime (or naive time) survives the round trip exactly.
+        if isinstance(o, dt.datetime) and o.microsecond:
+            text = o.isoformat()
+            return text[:-6] + "Z" if text.endswith("+00:00") else text
+        if isinstance(o, dt.time) and o.microsecond and o.utcoffset() is None:
+            return o.isoformat()
         if dataclasses.is_dataclass(o) and not isinstance(o, type):
             return {f.name: getattr(o, f.name) for f in dataclasses.fields(o)}
         dump = getattr(o, "model_dump", None)  # pydantic v2
@@ -51,6 +58,11 @@ def encode(value, what: str, limit: int | None = None) -> str:
             "(GEN_DURABLE['MAX_PAYLOAD_BYTES']); store large data elsewhere and keep a reference"
         )
     return text
+
+
+def loads(value):
+    """Decode a jsonb value read through Django's connection (it arrives as text)."""
+    return json.loads(value) if isinstance(value, (str, bytes)) else value
 
 
 def encode_state(state, what="state", limit=None) -> str:

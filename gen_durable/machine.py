@@ -147,6 +147,11 @@ class Job(Machine):
                 raise InvalidInput(f"Job {cls.__qualname__} must define perform(self, args, ctx)")
             if not isinstance(cls.max_attempts, int) or cls.max_attempts < 1:
                 raise InvalidInput(f"{cls.__qualname__}.max_attempts must be an int >= 1")
+            extra = sorted(a for k in cls.__mro__ if k not in (Job, Machine, object)
+                           for a, v in vars(k).items() if getattr(v, "_gd_step", False))
+            if extra:  # never both perform and steps (behaviours JOB-01): they would never run
+                raise InvalidInput(f"Job {cls.__qualname__} defines perform and @gd.step methods {extra}; "
+                                   "a Job has one step, perform — make it a Machine for several")
             n = len(inspect.signature(perform).parameters)
             cls._perform_arity = n
         super().__init_subclass__(**kwargs)

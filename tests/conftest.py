@@ -35,3 +35,23 @@ def wait_until(predicate, timeout=10.0, interval=0.02, what="condition"):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
+
+
+@pytest.fixture
+def engine(transactional_db):
+    """Start an in-process worker (gen_durable.worker.supervisor) for given queues; stop at teardown."""
+    from django.db import connections
+
+    from gen_durable.worker.supervisor import Supervisor, WorkerConfig
+
+    started = []
+
+    def start(queues, **kw):
+        sup = Supervisor(WorkerConfig(queues=queues, **kw)).start()
+        started.append(sup)
+        return sup
+
+    yield start
+    for sup in started:
+        sup.stop()
+    connections.close_all()

@@ -16,6 +16,20 @@ def _load(name: str) -> str:
 
 INSERT = _load("insert")
 INSERT_ALL = _load("insert_all")
+PICK = _load("pick")
+LOAD_SIGNALS = _load("load_signals")
+LOAD_CHILDREN = _load("load_children")
+FLUSH = _load("flush")
+PARK_RECHECK = _load("park_recheck")
+SPAWN_PARK = _load("spawn_park")
+JOIN_PARENTS = _load("join_parents")
+HEARTBEAT = _load("heartbeat")
+RELEASE = _load("release")
+RECLAIM = _load("reclaim")
+REAP = _load("reap")
+EXPIRE_AWAITS = _load("expire_awaits")
+GC_SELECT = _load("gc_select")
+GC_DELETE = _load("gc_delete")
 
 
 def names() -> list[str]:

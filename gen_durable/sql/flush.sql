@@ -1,0 +1,65 @@
+-- flush: apply a batch of step outcomes in one guarded UPDATE (group commit).
+-- Spec: SPEC §4.3, §4.4 (consume), §10.3; seeds: internals "Outcomes"; behaviours FL-03/04.
+-- Params (parallel arrays, one element per outcome, sorted by id):
+--   id bigint[], worker text[] (the claimant), kind text[] (next | retry | await |
+--   schedule | done | stop), step text[] (NULL keeps), state text[] (JSON, NULL keeps),
+--   result text[] (JSON), error text[], delay float8[] (retry seconds), awaits text[]
+--   (JSON array of names), timeout float8[] (await seconds or NULL), set_key bool[],
+--   new_key text[], rate_limit text[], weight float8[];
+--   c_target bigint[], c_id bigint[]: the (owner, signal id) pairs a progressing
+--   outcome consumes (exactly the ids its step was handed).
+-- Guard: locked_by = worker AND status = 'executing'. A stale outcome matches nothing,
+--   and every rider keys off `upd`, so it consumes, purges and wakes nothing either.
+-- Index: primary key (one point lookup per outcome); signals by id / by target.
+WITH input AS (
+    SELECT *
+    FROM unnest(%(id)s::bigint[], %(worker)s::text[], %(kind)s::text[], %(step)s::text[],
+                %(state)s::text[], %(result)s::text[], %(error)s::text[], %(delay)s::float8[],
+                %(awaits)s::text[], %(timeout)s::float8[], %(set_key)s::bool[],
+                %(new_key)s::text[], %(rate_limit)s::text[], %(weight)s::float8[])
+         AS i(id, worker, kind, step, state, result, error, delay, awaits, timeout, set_key,
+              new_key, rate_limit, weight)
+), upd AS (
+    UPDATE gen_durable g
+    SET status = (CASE i.kind WHEN 'next' THEN 'runnable' WHEN 'retry' THEN 'runnable'
+                              WHEN 'await' THEN 'awaiting_signal'
+                              WHEN 'schedule' THEN 'awaiting_children'
+                              WHEN 'done' THEN 'done' ELSE 'failed' END)::gen_durable_status,
+        step = COALESCE(i.step, g.step),
+        state = COALESCE(i.state::jsonb, g.state),
+        result = CASE WHEN i.kind = 'done' THEN i.result::jsonb ELSE g.result END,
+        last_error = COALESCE(i.error, g.last_error),
+        attempt = CASE i.kind WHEN 'retry' THEN g.attempt + 1
+                              WHEN 'done' THEN g.attempt WHEN 'stop' THEN g.attempt
+                              ELSE 0 END,
+        eligible_at = CASE i.kind WHEN 'retry' THEN now() + make_interval(secs => i.delay)
+                                  WHEN 'done' THEN g.eligible_at WHEN 'stop' THEN g.eligible_at
+                                  ELSE now() END,
+        awaits = CASE i.kind WHEN 'await' THEN ARRAY(SELECT jsonb_array_elements_text(i.awaits::jsonb))
+                             WHEN 'retry' THEN g.awaits END,
+        await_deadline = CASE WHEN i.kind = 'await' AND i.timeout IS NOT NULL
+                              THEN now() + make_interval(secs => i.timeout) END,
+        concurrency_key = CASE WHEN i.set_key THEN i.new_key ELSE g.concurrency_key END,
+        concurrency_shard = NULL,
+        rate_limit = CASE i.kind WHEN 'retry' THEN g.rate_limit WHEN 'next' THEN i.rate_limit END,
+        weight = CASE i.kind WHEN 'retry' THEN g.weight WHEN 'next' THEN i.weight ELSE 1 END,
+        children_pending = CASE WHEN i.kind = 'schedule' THEN 0 ELSE g.children_pending END,
+        locked_by = NULL,
+        lease_expires_at = NULL,
+        updated_at = now()
+    FROM input i
+    WHERE g.id = i.id AND g.locked_by = i.worker AND g.status = 'executing'
+    RETURNING g.id, g.status, g.queue, g.parent_id
+), consumed AS (
+    DELETE FROM gen_durable_signals s
+    USING upd, unnest(%(c_target)s::bigint[], %(c_id)s::bigint[]) AS c(target_id, id)
+    WHERE s.id = c.id AND s.target_id = upd.id AND c.target_id = upd.id
+      AND upd.status NOT IN ('done', 'failed')
+    RETURNING s.id
+), purged AS (
+    DELETE FROM gen_durable_signals s
+    USING upd
+    WHERE s.target_id = upd.id AND upd.status IN ('done', 'failed')
+    RETURNING s.id
+)
+SELECT id, status::text, queue, parent_id FROM upd

@@ -1,0 +1,6 @@
+-- gc_delete: delete terminal rows by id (a second statement after gc_select.sql).
+-- Spec: SPEC §4.10; seeds: performance §4b — `id = ANY($ids)` rides the primary key
+--   (cost tracks the batch); `id IN (subquery)` would sequentially scan the table.
+-- Params: ids bigint[]. Signals cascade; children's parent_id is set NULL (FKs).
+DELETE FROM gen_durable
+WHERE id = ANY (%(ids)s::bigint[]) AND status IN ('done', 'failed')

@@ -1,0 +1,51 @@
+-- pick: claim up to `limit` runnable rows of one queue and lease them to `worker`.
+-- Spec: SPEC §4.2, §4.6 (K=1), §4.9; seeds: performance §2, internals "The pick".
+-- Params: queue text, limit int, worker text, ttl float8 (lease seconds),
+--   gates text[] (configured gate names: their rows skip K=1 and get a provisional shard).
+-- Index: gen_durable_pick (queue, priority, eligible_at) WHERE status = 'runnable' —
+--   `queue = $1` equality (never ANY) lets the index hand rows over in order so LIMIT
+--   stops after ~limit rows. The K=1 probe rides gen_durable_concurrency_active through a
+--   LATERAL ... LIMIT 1 (flat per candidate; a NOT EXISTS inside an OR would build a
+--   hashed subplan over the whole executing set on every pick).
+-- Locks: FOR NO KEY UPDATE SKIP LOCKED in the scan — a claim never waits, and NO KEY
+--   strength stays compatible with the KEY SHARE a signal insert's FK check takes.
+-- K=1: row_number() over the locked window keeps the most urgent row per unconfigured
+--   key; the losers stay runnable. The unique arbiter index is the correctness backstop:
+--   a racing claim of the same key aborts this statement and the caller retries.
+WITH cand AS (
+    SELECT g.id, g.concurrency_key, g.priority, g.eligible_at,
+           (g.concurrency_key IS NOT NULL AND g.concurrency_name = ANY (%(gates)s::text[])) AS gated
+    FROM gen_durable g
+    LEFT JOIN LATERAL (
+        SELECT 1 AS busy
+        FROM gen_durable x
+        WHERE x.concurrency_key = g.concurrency_key
+          AND x.status = 'executing' AND x.concurrency_shard IS NULL
+        LIMIT 1
+    ) k ON g.concurrency_key IS NOT NULL AND g.concurrency_name <> ALL (%(gates)s::text[])
+    WHERE g.queue = %(queue)s
+      AND g.status = 'runnable'
+      AND g.eligible_at <= now()
+      AND k.busy IS NULL
+    ORDER BY g.priority, g.eligible_at
+    LIMIT %(limit)s
+    FOR NO KEY UPDATE OF g SKIP LOCKED
+), ranked AS (
+    SELECT id, gated,
+           row_number() OVER (
+               PARTITION BY CASE WHEN gated OR concurrency_key IS NULL THEN id::text
+                                 ELSE concurrency_key END
+               ORDER BY priority, eligible_at, id) AS rn
+    FROM cand
+)
+UPDATE gen_durable g
+SET status = 'executing',
+    locked_by = %(worker)s,
+    lease_expires_at = now() + make_interval(secs => %(ttl)s::float8),
+    concurrency_shard = CASE WHEN r.gated THEN 0 END,
+    updated_at = now()
+FROM ranked r
+WHERE g.id = r.id AND r.rn = 1
+RETURNING g.id, g.fsm, g.fsm_version, g.step, g.state, g.attempt, g.awaits, g.queue,
+          g.priority, g.eligible_at, g.concurrency_key, g.concurrency_shard, g.rate_limit,
+          g.weight, g.correlation_key, g.parent_id

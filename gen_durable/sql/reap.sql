@@ -1,0 +1,24 @@
+-- reap: return rows whose lease expired to runnable, attempt + 1.
+-- Spec: SPEC §4.9, §10.6 (clear the shard too); behaviours LSE-03, LSE-07.
+-- Params: limit int (rows per statement; the reaper loops while a batch fills).
+-- Index: gen_durable_lease (lease_expires_at) WHERE status = 'executing' — cost tracks
+--   the expired set, not the table. Locks: id order, SKIP LOCKED (several reapers may
+--   run at once; no leader election). Reaped queues are notified on commit.
+WITH expired AS (
+    SELECT id FROM gen_durable
+    WHERE status = 'executing' AND lease_expires_at < now()
+    ORDER BY id
+    LIMIT %(limit)s
+    FOR NO KEY UPDATE SKIP LOCKED
+), upd AS (
+    UPDATE gen_durable g
+    SET status = 'runnable', locked_by = NULL, lease_expires_at = NULL,
+        concurrency_shard = NULL, attempt = g.attempt + 1, eligible_at = now(),
+        updated_at = now()
+    FROM expired
+    WHERE g.id = expired.id
+    RETURNING g.id, g.queue
+), wake AS (
+    SELECT pg_notify('gen_durable', queue) FROM (SELECT DISTINCT queue FROM upd) q
+)
+SELECT upd.id, upd.queue FROM upd CROSS JOIN (SELECT count(*) FROM wake) w

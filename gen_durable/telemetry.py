@@ -1,0 +1,72 @@
+"""Telemetry: attach handlers to engine events (SPEC §7).
+
+    from gen_durable import telemetry
+    telemetry.attach("step.", lambda event, measurements, metadata: ...)
+
+A handler is called synchronously, in the emitting thread, for every event whose name
+starts with its prefix ("" = all). A handler that raises is logged and skipped; it
+never breaks the engine. `duration` measurements are seconds (float).
+
+| event                  | measurements                              | metadata              |
+|------------------------|-------------------------------------------|-----------------------|
+| step.stop              | duration                                  | id, fsm, step, kind   |
+| pick.stop              | count, demand, duration                   | queue, worker         |
+| scheduler.saturation   | in_flight, buffer, concurrency, prefetch  | queue                 |
+| scheduler.drain        | released, in_flight                       | queue                 |
+| scheduler.reclaimed    | count                                     | queue                 |
+| concurrency.contended  | count                                     | queue                 |
+| concurrency.throttled  | wanted, admitted                          | key, queue            |
+| outcome.stale          | count                                     | id, fsm, step, kind   |
+| reaper.reaped          | count                                     |                       |
+| await.timeout          | count                                     |                       |
+| gc.swept               | count, buckets, gates                     |                       |
+| flush.stop             | count, stale, duration                    |                       |
+| flush.error            | count                                     | error                 |
+| rate_limit.throttled   | wanted, granted                           | key, queue            |
+| rate_limit.contended   | count                                     | queue                 |
+| rate_limit.unknown     | count                                     | key, name, fsm, step  |
+
+Rate-limit and gate events are emitted once configured limits are admitted (the
+limiter issue); the names are reserved here.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+logger = logging.getLogger("gen_durable.telemetry")
+
+EVENTS = (
+    "step.stop", "pick.stop", "scheduler.saturation", "scheduler.drain", "scheduler.reclaimed",
+    "concurrency.contended", "concurrency.throttled", "outcome.stale", "reaper.reaped",
+    "await.timeout", "gc.swept", "flush.stop", "flush.error", "rate_limit.throttled",
+    "rate_limit.contended", "rate_limit.unknown",
+)
+
+_lock = threading.Lock()
+_handlers: list[tuple[str, object]] = []
+
+
+def attach(event_prefix: str, handler) -> None:
+    """Call `handler(event, measurements, metadata)` for events starting with `event_prefix`."""
+    with _lock:
+        _handlers.append((event_prefix, handler))
+
+
+def detach(handler) -> None:
+    """Remove every attachment of `handler`."""
+    with _lock:
+        _handlers[:] = [(p, h) for (p, h) in _handlers if h is not handler]
+
+
+def emit(event: str, measurements: dict, metadata: dict | None = None) -> None:
+    handlers = _handlers
+    if not handlers:
+        return
+    for prefix, handler in list(handlers):
+        if event.startswith(prefix):
+            try:
+                handler(event, measurements, metadata or {})
+            except Exception:  # a handler must never break the engine
+                logger.exception("telemetry handler %r failed on %s", handler, event)

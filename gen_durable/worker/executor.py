@@ -1,0 +1,160 @@
+"""Internal: run one claimed step and turn its outcome into a flush entry (SPEC §1, §4.3).
+
+The step runs outside any transaction. Resolution of the machine happens first; an
+unknown (name, version) fails the instance with a clear message (SPEC §9) and the
+worker goes on. Everything after — decoding the state, the step, validating and
+encoding its outcome, expanding child specs — happens inside the guarded region, so a
+data error reaches `handle()` instead of crashing the worker (behaviours OUT-10).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass, field
+
+from .. import registry, telemetry
+from ..calls import Row, build_row
+from ..codec import encode, encode_state, load_typed
+from ..conf import get_settings
+from ..exceptions import InvalidOutcome, UnknownMachine
+from ..machine import Context
+from ..outcomes import KEEP, Await, Done, Next, Retry, ScheduleChildren, Stop
+from .claims import Claimed
+
+logger = logging.getLogger("gen_durable.executor")
+
+MAX_DELAY = 10 * 365 * 86400.0  # seconds; a retry delay is clamped here (SPEC §4.14)
+KINDS = ("next", "retry", "await", "schedule", "done", "stop")
+
+
+@dataclass
+class Entry:
+    """One outcome on its way to the flush (a row of sql/flush.sql's arrays)."""
+
+    id: int
+    worker: str
+    kind: str
+    step: str | None = None
+    state: str | None = None
+    result: str | None = None
+    error: str | None = None
+    delay: float = 0.0
+    awaits: str | None = None
+    timeout: float | None = None
+    set_key: bool = False
+    new_key: str | None = None
+    rate_limit: str | None = None
+    weight: float = 1.0
+    consumed: tuple = ()
+    presented: tuple = ()
+    children: list = field(default_factory=list)
+    # for telemetry and the limiter
+    fsm: str = ""
+    from_step: str = ""
+    queue: str = ""
+    slot: object = None
+
+
+def error_text(error: BaseException) -> str:
+    text = f"{type(error).__name__}: {error}"
+    return text if len(text) <= 4000 else text[:4000] + "…"
+
+
+def stop_entry(job: Claimed, reason: str) -> Entry:
+    return Entry(id=job.id, worker=job.worker, kind="stop", error=reason, fsm=job.fsm,
+                 from_step=job.step, queue=job.queue, slot=job.slot)
+
+
+def execute(job: Claimed) -> Entry:
+    """Run `job`'s current step and return the entry to flush. Never raises Exception."""
+    started = time.perf_counter()
+    try:
+        cls = registry.get(job.fsm, job.fsm_version)
+    except UnknownMachine as exc:
+        entry = stop_entry(job, str(exc))
+    else:
+        entry = _run(cls, job)
+    telemetry.emit("step.stop", {"duration": time.perf_counter() - started},
+                   {"id": job.id, "fsm": job.fsm, "step": job.step, "kind": entry.kind})
+    logger.debug("step %s#%s %s -> %s", job.fsm, job.id, job.step, entry.kind)
+    return entry
+
+
+def _run(cls, job: Claimed) -> Entry:
+    method = cls.steps.get(job.step)
+    if method is None:
+        return stop_entry(job, f"{cls.name} version {cls.version} has no step {job.step!r}")
+    machine = cls()
+    names = set(job.awaits or ())
+    awaited = [s for s in job.inbox if s.name in names]
+    ctx = Context(id=job.id, step=job.step, state=job.state, attempt=job.attempt, awaited=awaited,
+                  all=list(job.inbox), children=list(job.children), queue=job.queue,
+                  correlation_key=job.correlation_key, machine=machine)
+    try:
+        if cls.State is not None:
+            ctx.state = load_typed(cls.State, job.state)
+        outcome = getattr(machine, method)(ctx)
+        return to_entry(outcome, cls, job, consumed=tuple(s.id for s in awaited),
+                        presented=tuple(s.id for s in awaited))
+    except Exception as error:
+        # handle() sees no inputs, and its outcome consumes none (behaviours OUT-08).
+        hctx = dataclasses.replace(ctx, awaited=[], all=[], children=[])
+        try:
+            outcome = machine.handle(error, hctx)
+            entry = to_entry(outcome, cls, job, consumed=(), presented=())
+        except Exception as handle_error:
+            return stop_entry(job, f"handle() failed: {error_text(handle_error)} "
+                                   f"(while handling {error_text(error)})")
+        if entry.kind in ("retry", "stop") and entry.error is None:
+            entry.error = error_text(error)
+        return entry
+
+
+def _state(value, cls, job, what="state") -> str | None:
+    if value is KEEP:
+        return None
+    return encode_state(value, f"{what} of {cls.name}#{job.id}", get_settings().MAX_PAYLOAD_BYTES)
+
+
+def _check_step(cls, name, outcome):
+    if name not in cls.steps:
+        raise InvalidOutcome(f"{cls.name}: {type(outcome).__name__} names unknown step {name!r}; "
+                             f"steps are {sorted(cls.steps)}")
+
+
+def to_entry(outcome, cls, job: Claimed, *, consumed, presented) -> Entry:
+    """Validate and encode `outcome` (raises InvalidOutcome / SerializationError)."""
+    base = dict(id=job.id, worker=job.worker, fsm=job.fsm, from_step=job.step, queue=job.queue, slot=job.slot)
+    if isinstance(outcome, Next):
+        _check_step(cls, outcome.step, outcome)
+        set_key = outcome.concurrency_key is not KEEP
+        return Entry(kind="next", step=outcome.step, state=_state(outcome.state, cls, job),
+                     set_key=set_key, new_key=outcome.concurrency_key if set_key else None,
+                     rate_limit=outcome.rate_limit, weight=float(outcome.weight),
+                     consumed=consumed, **base)
+    if isinstance(outcome, Retry):
+        return Entry(kind="retry", state=_state(outcome.state, cls, job),
+                     delay=min(outcome.delay, MAX_DELAY), **base)
+    if isinstance(outcome, Await):
+        _check_step(cls, outcome.next, outcome)
+        return Entry(kind="await", step=outcome.next, state=_state(outcome.state, cls, job),
+                     awaits=encode(list(outcome.names), "await names"), timeout=outcome.timeout,
+                     presented=presented, **base)
+    if isinstance(outcome, ScheduleChildren):
+        _check_step(cls, outcome.next, outcome)
+        children = [build_row(c.machine, **c.kwargs) for c in outcome.children]
+        return Entry(kind="schedule", step=outcome.next, state=_state(outcome.state, cls, job),
+                     children=children, consumed=consumed, **base)
+    if isinstance(outcome, Done):
+        return Entry(kind="done", result=encode(outcome.result, f"result of {cls.name}#{job.id}",
+                                                get_settings().MAX_PAYLOAD_BYTES), **base)
+    if isinstance(outcome, Stop):
+        reason = outcome.reason if isinstance(outcome.reason, str) else repr(outcome.reason)
+        return Entry(kind="stop", error=reason, **base)
+    raise InvalidOutcome(f"{cls.name}.{job.step} returned {outcome!r}, which is not an outcome "
+                         "(Next, Retry, Await, ScheduleChildren, Done or Stop)")
+
+
+__all__ = ["Entry", "Row", "execute", "to_entry"]

@@ -1,0 +1,219 @@
+"""Internal: group commit of step outcomes (SPEC §4.3, §10.3; behaviours §10).
+
+`flush(entries)` applies a batch in ONE transaction with a bounded number of
+statements: flush.sql (every transition, consume and purge riders) and, only when the
+batch needs them, park_recheck.sql (Await), insert_all.sql + spawn_park.sql
+(ScheduleChildren) and join_parents.sql (terminal children). A plain batch of Next
+outcomes is one statement whatever its size.
+
+`Flusher` is the thread that workers hand entries to. It flushes at once when nothing
+is in flight; entries that arrive during a flush form the next batch (group commit).
+It lingers up to FLUSH['MAX_DELAY'] only while other steps are still running and the
+batch is below MAX_BATCH — so an idle worker pays no added latency.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from django.db import DatabaseError, InterfaceError, OperationalError, transaction
+
+from .. import db, sql, telemetry
+from ..calls import insert_rows
+from ..conf import database_alias
+
+logger = logging.getLogger("gen_durable.flusher")
+
+COMMIT_TIMEOUT = 30.0  # seconds a worker waits for its flush (the lease is the real floor)
+
+
+@dataclass
+class FlushResult:
+    committed: dict = field(default_factory=dict)  # id -> new status
+    stale: list = field(default_factory=list)      # entries that failed the ownership guard
+    woken: set = field(default_factory=set)        # queues with rows made runnable by riders
+
+
+def _arrays(entries):
+    return {
+        "id": [e.id for e in entries], "worker": [e.worker for e in entries],
+        "kind": [e.kind for e in entries], "step": [e.step for e in entries],
+        "state": [e.state for e in entries], "result": [e.result for e in entries],
+        "error": [e.error for e in entries], "delay": [e.delay for e in entries],
+        "awaits": [e.awaits for e in entries], "timeout": [e.timeout for e in entries],
+        "set_key": [e.set_key for e in entries], "new_key": [e.new_key for e in entries],
+        "rate_limit": [e.rate_limit for e in entries], "weight": [e.weight for e in entries],
+        "c_target": [e.id for e in entries for _ in e.consumed],
+        "c_id": [sid for e in entries for sid in e.consumed],
+    }
+
+
+def flush(entries, using=None) -> FlushResult:
+    """Commit `entries` (len ≤ FLUSH.MAX_BATCH) in one transaction; return what committed.
+
+    Statements: 1 for plain Next/Retry/Done/Stop batches; +1 when any Await parks
+    (the recheck), +2 when any ScheduleChildren spawns, +1 when any terminal child
+    joins its parent. Raises DatabaseError when the transaction fails (nothing commits).
+    """
+    entries = sorted(entries, key=lambda e: e.id)
+    result = FlushResult()
+    if not entries:
+        return result
+    with transaction.atomic(using=database_alias(using)):
+        rows = db.fetchall(sql.FLUSH, _arrays(entries), using)
+        parents = Counter()
+        for id_, status, queue, parent_id in rows:
+            result.committed[id_] = status
+            if parent_id is not None and status in ("done", "failed"):
+                parents[parent_id] += 1
+        ok = [e for e in entries if e.id in result.committed]
+        parked = [e for e in ok if e.kind == "await"]
+        if parked:
+            rows = db.fetchall(sql.PARK_RECHECK, {
+                "id": [e.id for e in parked],
+                "p_target": [e.id for e in parked for _ in e.presented],
+                "p_id": [sid for e in parked for sid in e.presented],
+            }, using)
+            for id_, queue in rows:
+                result.committed[id_] = "runnable"
+                result.woken.add(queue)
+        spawning = [e for e in ok if e.kind == "schedule"]
+        if spawning:
+            kids = [row for e in spawning for row in e.children]
+            owners = [e.id for e in spawning for _ in e.children]
+            ids = insert_rows(kids, parent_ids=owners, using=using)
+            landed = Counter(owner for owner, id_ in zip(owners, ids) if id_ is not None)
+            rows = db.fetchall(sql.SPAWN_PARK, {"id": [e.id for e in spawning],
+                                                "n": [landed[e.id] for e in spawning]}, using)
+            for id_, status, queue in rows:
+                result.committed[id_] = status
+                if status == "runnable":
+                    result.woken.add(queue)
+        if parents:
+            ordered = sorted(parents)
+            rows = db.fetchall(sql.JOIN_PARENTS, {"parent_id": ordered, "n": [parents[p] for p in ordered]}, using)
+            for id_, status, queue in rows:
+                if status == "runnable":
+                    result.woken.add(queue)
+    result.stale = [e for e in entries if e.id not in result.committed]
+    for e in result.stale:
+        telemetry.emit("outcome.stale", {"count": 1}, {"id": e.id, "fsm": e.fsm, "step": e.from_step, "kind": e.kind})
+    return result
+
+
+class FlushError(Exception):
+    """The flush transaction failed; the outcome was not committed (the lease recovers it)."""
+
+
+class Flusher:
+    """The group-commit thread of one worker process."""
+
+    def __init__(self, *, using=None, max_batch=100, max_delay=0.005, limiter=None, on_commit=None):
+        self.using = using
+        self.max_batch = max_batch
+        self.max_delay = max_delay
+        self.limiter = limiter
+        self.on_commit = on_commit  # callback(FlushResult) after each commit
+        self._cond = threading.Condition()
+        self._pending: list[tuple] = []
+        self._running = 0  # steps started but not yet submitted
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="gd-flusher", daemon=True)
+
+    def start(self):
+        self._thread.start()
+        return self
+
+    def stop(self, timeout=None):
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        self._thread.join(timeout)
+
+    def step_started(self):
+        with self._cond:
+            self._running += 1
+
+    def step_abandoned(self):
+        with self._cond:
+            self._running -= 1
+            self._cond.notify_all()
+
+    def submit(self, entry) -> Future:
+        fut: Future = Future()
+        with self._cond:
+            self._running -= 1
+            self._pending.append((entry, fut))
+            self._cond.notify_all()
+        return fut
+
+    def commit(self, entry, timeout=COMMIT_TIMEOUT) -> str:
+        """Hand `entry` to the flush and wait until it is durable: 'committed' or 'stale'.
+
+        Raises FlushError when the flush failed or timed out.
+        """
+        fut = self.submit(entry)
+        try:
+            return fut.result(timeout)
+        except Exception as exc:
+            raise FlushError(str(exc)) from exc
+
+    def _take(self):
+        with self._cond:
+            while not self._pending and not self._stopping:
+                self._cond.wait()
+            if not self._pending:
+                return None
+            deadline = time.monotonic() + self.max_delay
+            while (len(self._pending) < self.max_batch and self._running > 0 and not self._stopping):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            batch = self._pending[: self.max_batch]
+            del self._pending[: self.max_batch]
+            return batch
+
+    def _loop(self):
+        while True:
+            batch = self._take()
+            if batch is None:
+                break
+            self._flush(batch)
+        db.connection(self.using).close()
+
+    def _flush(self, batch):
+        entries = [e for e, _ in batch]
+        started = time.perf_counter()
+        try:
+            result = flush(entries, self.using)
+        except Exception as exc:
+            logger.error("flush of %d outcomes failed: %s", len(entries), exc)
+            telemetry.emit("flush.error", {"count": len(entries)}, {"error": repr(exc)})
+            if isinstance(exc, (OperationalError, InterfaceError)) or not isinstance(exc, DatabaseError):
+                db.connection(self.using).close()  # reconnect on the next flush
+            for _, fut in batch:
+                fut.set_exception(exc)
+            return
+        telemetry.emit("flush.stop", {"count": len(entries), "stale": len(result.stale),
+                                      "duration": time.perf_counter() - started}, {})
+        if self.limiter is not None:
+            slots = [e.slot for e in entries if e.slot is not None and e.id in result.committed]
+            if slots:
+                try:
+                    self.limiter.credit(slots)
+                except Exception:
+                    logger.exception("limiter credit failed (the reconciler will heal it)")
+        stale = {e.id for e in result.stale}
+        for entry, fut in batch:
+            fut.set_result("stale" if entry.id in stale else "committed")
+        if self.on_commit is not None:
+            try:
+                self.on_commit(result)
+            except Exception:
+                logger.exception("on_commit callback failed")

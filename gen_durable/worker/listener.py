@@ -1,0 +1,73 @@
+"""Internal: LISTEN for wake-ups on the `gen_durable` channel (SPEC §4.11).
+
+A dedicated psycopg connection (autocommit) listens; each notification's payload is a
+queue name, handed to `on_wake(queue)`. A lost connection is re-established with
+back-off and followed by `on_reconnect()` — an immediate re-poll of every queue, since
+notifications sent while it was down are gone. Polling stays the floor.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import psycopg
+
+from .. import db
+
+logger = logging.getLogger("gen_durable.listener")
+
+CHANNEL = "gen_durable"
+
+
+class Listener:
+    def __init__(self, on_wake, on_reconnect, using=None):
+        self.on_wake = on_wake
+        self.on_reconnect = on_reconnect
+        self.using = using
+        self._stop = threading.Event()
+        self._conn = None
+        self.connects = 0
+        self._thread = threading.Thread(target=self._loop, name="gd-listener", daemon=True)
+
+    def start(self):
+        self._thread.start()
+        return self
+
+    def stop(self, timeout=5):
+        self._stop.set()
+        self._thread.join(timeout)
+
+    def _connect(self):
+        params = db.connection(self.using).get_connection_params()
+        params.pop("cursor_factory", None)
+        conn = psycopg.connect(**params, autocommit=True)
+        conn.execute(f"LISTEN {CHANNEL}")
+        return conn
+
+    def _loop(self):
+        backoff = 0.1
+        while not self._stop.is_set():
+            try:
+                self._conn = self._connect()
+                self.connects += 1
+                if self.connects > 1:
+                    logger.info("listener reconnected; re-polling every queue")
+                    self.on_reconnect()
+                backoff = 0.1
+                while not self._stop.is_set():
+                    for note in self._conn.notifies(timeout=0.5):
+                        self.on_wake(note.payload)
+            except Exception as exc:
+                if self._stop.is_set():
+                    break
+                logger.warning("listener connection lost (%s); reconnecting in %.1fs", exc, backoff)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 5.0)
+            finally:
+                if self._conn is not None:
+                    try:
+                        self._conn.close()
+                    except Exception:
+                        pass
+                    self._conn = None

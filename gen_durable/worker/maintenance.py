@@ -1,0 +1,97 @@
+"""Internal: reaper and GC sweeps (SPEC §4.9, §4.10; behaviours LSE-03, GC-01..04).
+
+Each sweep is a function (used by tests and `Maintenance.run_once`). Several processes
+may run them at once: rows are taken in id order with SKIP LOCKED, and terminal rows
+are immutable, so no leader election is needed (behaviours GC-07).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from .. import db, sql, telemetry
+
+logger = logging.getLogger("gen_durable.maintenance")
+
+REAP_BATCH = 1000
+
+
+def reap(using=None) -> list[int]:
+    """Return every expired lease to runnable (attempt + 1); return the ids. Loops by batch."""
+    reaped = []
+    while True:
+        rows = db.fetchall(sql.REAP, {"limit": REAP_BATCH}, using)
+        reaped += [r[0] for r in rows]
+        if len(rows) < REAP_BATCH:
+            break
+    if reaped:
+        telemetry.emit("reaper.reaped", {"count": len(reaped)}, {})
+    return reaped
+
+
+def expire_awaits(using=None) -> list[int]:
+    """Wake parked rows whose Await timeout passed; return the ids."""
+    rows = db.fetchall(sql.EXPIRE_AWAITS, {"force": False, "limit": 100_000}, using)
+    if rows:
+        telemetry.emit("await.timeout", {"count": len(rows)}, {})
+    return [r[0] for r in rows]
+
+
+def gc(retention: float, batch: int, using=None, limiter=None) -> int:
+    """Delete terminal rows older than `retention` seconds, `batch` ids per statement pair.
+
+    A full batch is followed at once by another (behaviours GC-03). Returns rows deleted.
+    """
+    deleted = 0
+    while True:
+        ids = [r[0] for r in db.fetchall(sql.GC_SELECT, {"retention": float(retention), "batch": batch}, using)]
+        if ids:
+            deleted += db.execute(sql.GC_DELETE, {"ids": ids}, using)
+        if len(ids) < batch:
+            break
+    healed = limiter.reconcile() if limiter is not None else {"buckets": 0, "gates": 0}
+    if deleted or healed.get("buckets") or healed.get("gates"):
+        telemetry.emit("gc.swept", {"count": deleted, "buckets": healed.get("buckets", 0),
+                                    "gates": healed.get("gates", 0)}, {})
+    return deleted
+
+
+class Periodic:
+    """A daemon thread calling `fn()` every `interval` seconds until stopped."""
+
+    def __init__(self, name, interval, fn, using=None):
+        self.name, self.interval, self.fn, self.using = name, interval, fn, using
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"gd-{name}", daemon=True)
+
+    def start(self):
+        self._thread.start()
+        return self
+
+    def stop(self, timeout=5):
+        self._stop.set()
+        self._thread.join(timeout)
+
+    def _loop(self):
+        while not self._stop.wait(self.interval):
+            try:
+                self.fn()
+            except Exception as exc:
+                logger.warning("%s sweep failed: %s", self.name, exc)
+                db.connection(self.using).close()
+        db.connection(self.using).close()
+
+
+def reaper_sweep(using=None):
+    reaped = reap(using)
+    woken = expire_awaits(using)
+    logger.info("reaper sweep: %d leases reaped, %d await timeouts fired", len(reaped), len(woken))
+
+
+def make_gc_sweep(retention, batch, limiter, using=None):
+    def sweep():
+        n = gc(retention, batch, using, limiter)
+        logger.info("gc sweep: %d terminal rows deleted", n)
+
+    return sweep

@@ -1,0 +1,163 @@
+"""Internal: host every role of one worker process (SPEC §5).
+
+Connections (SPEC §4.13): each role has its own Django connection (Django keeps one
+per thread), so heartbeats and commits never wait behind step work:
+    per process = Σ queue concurrency (step threads, only if steps use the DB)
+                + queues (one scheduler each) + 1 flusher + 1 heartbeat + 1 listener
+                + 1 reaper + 1 GC (when enabled here)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from .. import db
+from ..conf import get_settings
+from ..limiter import get_limiter
+from .claims import heartbeat
+from .flusher import Flusher
+from .listener import Listener
+from .maintenance import Periodic, make_gc_sweep, reaper_sweep
+from .scheduler import Scheduler
+
+logger = logging.getLogger("gen_durable.worker")
+
+_IDLE_SQL = (
+    "SELECT EXISTS (SELECT 1 FROM gen_durable WHERE status = 'runnable' AND queue = ANY (%(q)s::text[])) "
+    "OR EXISTS (SELECT 1 FROM gen_durable WHERE status = 'executing' AND queue = ANY (%(q)s::text[]))"
+)
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    queues: dict  # name -> concurrency
+    reaper: bool = True
+    gc: bool = True
+    burst: bool = False  # exit 0 once no row of these queues is runnable or executing
+    throughput_every: float = 10.0
+    using: str | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def worker_prefix(queue: str) -> str:
+    """Host-level prefix of worker ids for `queue` (start-up reclaim matches on it)."""
+    return f"{socket.gethostname()}:{queue}:"
+
+
+class Supervisor:
+    def __init__(self, config: WorkerConfig):
+        self.config = config
+        self.s = get_settings()
+        self.using = config.using
+        self.limiter = get_limiter(self.using)
+        self.token = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.flusher = Flusher(using=self.using, max_batch=self.s.FLUSH["MAX_BATCH"],
+                               max_delay=self.s.FLUSH["MAX_DELAY"], limiter=self.limiter,
+                               on_commit=self._on_commit)
+        self.schedulers = {
+            q: Scheduler(q, n, worker_id=worker_prefix(q) + self.token, prefix=worker_prefix(q),
+                         flusher=self.flusher, limiter=self.limiter, settings=self.s, using=self.using)
+            for q, n in config.queues.items()
+        }
+        self._stop = threading.Event()
+        self._roles = []
+        self.listener = None
+
+    # wake-ups
+    def _wake(self, queue):
+        sched = self.schedulers.get(queue)
+        if sched is not None:
+            sched.poke()
+
+    def _wake_all(self):
+        for sched in self.schedulers.values():
+            sched._wake.set()
+
+    def _on_commit(self, result):
+        for q in result.woken:
+            self._wake(q)
+
+    def _heartbeat(self):
+        for sched in self.schedulers.values():
+            ids = sched.held_ids()
+            if ids:
+                heartbeat(ids, sched.worker_id, self.s.LEASE_TTL, self.using)
+
+    def start(self):
+        logger.info(
+            "gen_durable worker %s starting: queues %s, lease %ss, heartbeat %ss, poll %s-%ss, "
+            "notify %s, flush %s, reaper %s, gc %s",
+            self.token, self.config.queues, self.s.LEASE_TTL, self.s.HEARTBEAT_INTERVAL,
+            self.s.POLL_INTERVAL, self.s.MAX_POLL_INTERVAL, self.s.NOTIFY, self.s.FLUSH,
+            self.s.REAPER if self.config.reaper else "off", self.s.GC if self.config.gc else "off")
+        self.flusher.start()
+        for sched in self.schedulers.values():
+            sched.start()
+        self._roles.append(Periodic("heartbeat", self.s.HEARTBEAT_INTERVAL, self._heartbeat, self.using).start())
+        if self.config.reaper and self.s.REAPER:
+            self._roles.append(Periodic("reaper", self.s.REAPER["INTERVAL"],
+                                        lambda: reaper_sweep(self.using), self.using).start())
+        if self.config.gc and self.s.GC:
+            self._roles.append(Periodic("gc", self.s.GC["INTERVAL"], make_gc_sweep(
+                self.s.GC["RETENTION"], self.s.GC["BATCH"], self.limiter, self.using), self.using).start())
+        if self.s.NOTIFY == "postgres" and self.schedulers:
+            self.listener = Listener(self._wake, self._wake_all, self.using).start()
+        return self
+
+    def request_stop(self, *_):
+        self._stop.set()
+
+    def stop(self):
+        for role in self._roles:
+            if role.name != "heartbeat":
+                role.stop()
+        if self.listener:
+            self.listener.stop()
+        results = {q: s.stop(self.s.DRAIN_TIMEOUT) for q, s in self.schedulers.items()}
+        for role in self._roles:
+            if role.name == "heartbeat":
+                role.stop()
+        self.flusher.stop(timeout=5)
+        logger.info("gen_durable worker %s stopped: %s", self.token, results)
+        return results
+
+    def is_idle(self) -> bool:
+        if any(not s.idle() for s in self.schedulers.values()):
+            return False
+        row = db.fetchone(_IDLE_SQL, {"q": list(self.schedulers)}, self.using)
+        return not row[0]
+
+    def run(self, install_signals=True) -> int:
+        """Run until SIGTERM/SIGINT (or, in burst mode, until idle); return the exit code."""
+        if install_signals:
+            signal.signal(signal.SIGTERM, self.request_stop)
+            signal.signal(signal.SIGINT, self.request_stop)
+        self.start()
+        last = time.monotonic()
+        done_before = {q: 0 for q in self.schedulers}
+        while not self._stop.wait(min(self.s.POLL_INTERVAL, 1.0)):
+            now = time.monotonic()
+            if now - last >= self.config.throughput_every:
+                rates = {q: (s.completed - done_before[q]) / (now - last) for q, s in self.schedulers.items()}
+                if any(rates.values()):
+                    logger.info("throughput: %s", ", ".join(f"{q} {r:.0f} steps/s" for q, r in rates.items()))
+                done_before = {q: s.completed for q, s in self.schedulers.items()}
+                last = now
+            if self.config.burst:
+                try:
+                    if self.is_idle():
+                        logger.info("burst mode: no runnable or executing rows left; stopping")
+                        break
+                except Exception as exc:
+                    logger.warning("idle check failed: %s", exc)
+                    db.connection(self.using).close()
+        self.stop()
+        db.connection(self.using).close()
+        return 0
