@@ -3,7 +3,7 @@
 Public API only; everything else is internal.
 """
 
-from .calls import ainsert, ainsert_all, insert, insert_all
+from .calls import acancel, ainsert, ainsert_all, asignal, cancel, insert, insert_all, signal
 from .exceptions import (
     DuplicateInstance,
     GenDurableError,
@@ -14,11 +14,13 @@ from .exceptions import (
     UnknownMachine,
 )
 from .machine import Context, Job, Machine, job, step
+from .results import Result, Snapshot, aawait_result, aget, await_result, get
 from .outcomes import Await, Cancel, Child, Done, Error, Next, Retry, ScheduleChildren, Spec, Stop
 
 __all__ = [
     "Await", "Cancel", "Child", "Context", "Done", "DuplicateInstance", "Error", "GenDurableError",
     "InvalidInput", "InvalidOutcome", "Job", "Machine", "Next", "NoTarget", "Retry",
     "ScheduleChildren", "SerializationError", "Spec", "Stop", "UnknownMachine",
-    "ainsert", "ainsert_all", "insert", "insert_all", "job", "step",
+    "Result", "Snapshot", "aawait_result", "acancel", "aget", "ainsert", "ainsert_all", "asignal",
+    "await_result", "cancel", "get", "insert", "insert_all", "job", "signal", "step",
 ]

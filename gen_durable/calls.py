@@ -14,7 +14,8 @@ from asgiref.sync import sync_to_async
 from . import db, registry, sql
 from .codec import encode_state
 from .conf import get_settings
-from .exceptions import DuplicateInstance, InvalidInput
+from .codec import encode
+from .exceptions import DuplicateInstance, InvalidInput, NoTarget
 from .machine import Machine
 from .statuses import LIVE_STATUSES, Status
 from .outcomes import Spec, key_string, seconds
@@ -227,3 +228,53 @@ ainsert = sync_to_async(insert)
 ainsert.__doc__ = "Async twin of `insert`."
 ainsert_all = sync_to_async(insert_all)
 ainsert_all.__doc__ = "Async twin of `insert_all`."
+
+
+def signal(target, name: str, payload=None, *, dedup_key: str | None = None, using=None) -> int | None:
+    """Deliver signal `name` to `target` (an id or a live correlation key). Statements: 1.
+
+    The signal lands in the target's inbox; a target parked awaiting `name` becomes
+    runnable and its queue is notified on commit (SPEC §4.4). Signals to instances not
+    parked on `name` wait in the inbox for a later Await.
+    Args: payload: JSON-serialisable; dedup_key: a redelivery with the same key to the
+        same target is a no-op while the first one is in the inbox.
+    Returns: the signal id, or None when `dedup_key` was already delivered.
+    Raises: NoTarget (missing or terminal target; nothing is stored), InvalidInput,
+        SerializationError.
+    """
+    from .results import target_params
+
+    if not isinstance(name, str) or not name:
+        raise InvalidInput(f"signal name must be a non-empty string, got {name!r}")
+    if dedup_key is not None and (not isinstance(dedup_key, str) or not dedup_key):
+        raise InvalidInput(f"dedup_key must be a non-empty string or None, got {dedup_key!r}")
+    params = target_params(target)
+    params.update(name=name, dedup_key=dedup_key,
+                  payload=encode(payload, f"payload of signal {name!r}", get_settings().MAX_PAYLOAD_BYTES))
+    row = db.fetchone(sql.SIGNAL, params, using)
+    if row is None:
+        raise NoTarget(target)
+    return row[0]
+
+
+def cancel(target, reason: str = "cancelled", *, using=None) -> int:
+    """Fail the live instance `target` now with `reason`; return its id. Statements: 1.
+
+    A step still running for it finishes, but its outcome is dropped by the ownership
+    guard. A cancelled child counts off its parent's join like any terminal child.
+    Raises NoTarget for a missing or already terminal target.
+    """
+    from .results import target_params
+
+    params = target_params(target)
+    params["reason"] = reason if isinstance(reason, str) else repr(reason)
+    row = db.fetchone(sql.CANCEL, params, using)
+    if row is None:
+        raise NoTarget(target)
+    return row[0]
+
+
+asignal = sync_to_async(signal)
+asignal.__doc__ = "Async twin of `signal`."
+acancel = sync_to_async(cancel)
+acancel.__doc__ = "Async twin of `cancel`."

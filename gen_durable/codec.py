@@ -26,12 +26,12 @@ from .exceptions import SerializationError
 
 class Encoder(DjangoJSONEncoder):
     def default(self, o):
-        # DjangoJSONEncoder cuts microseconds to milliseconds; keep all six digits so a
-        # datetime (or naive time) survives the round trip exactly.
-        if isinstance(o, dt.datetime) and o.microsecond:
+        # DjangoJSONEncoder cuts microseconds to milliseconds; when that would lose
+        # digits, keep all six so a datetime (or naive time) survives the round trip.
+        if isinstance(o, dt.datetime) and o.microsecond % 1000:
             text = o.isoformat()
             return text[:-6] + "Z" if text.endswith("+00:00") else text
-        if isinstance(o, dt.time) and o.microsecond and o.utcoffset() is None:
+        if isinstance(o, dt.time) and o.microsecond % 1000 and o.utcoffset() is None:
             return o.isoformat()
         if dataclasses.is_dataclass(o) and not isinstance(o, type):
             return {f.name: getattr(o, f.name) for f in dataclasses.fields(o)}

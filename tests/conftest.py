@@ -9,6 +9,15 @@ from django.db import connection
 _counter = itertools.count()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _stop_result_watcher(django_db_setup):
+    """Close await_result's LISTEN connection before the test database is dropped."""
+    yield
+    from gen_durable.results import ResultWatcher
+
+    ResultWatcher.shutdown()
+
+
 @pytest.fixture
 def queue_name(request):
     """A queue name unique to this test, so tests sharing a database stay apart."""

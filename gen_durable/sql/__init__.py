@@ -30,6 +30,9 @@ REAP = _load("reap")
 EXPIRE_AWAITS = _load("expire_awaits")
 GC_SELECT = _load("gc_select")
 GC_DELETE = _load("gc_delete")
+SIGNAL = _load("signal")
+GET = _load("get")
+CANCEL = _load("cancel")
 
 
 def names() -> list[str]:

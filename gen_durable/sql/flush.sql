@@ -8,6 +8,9 @@
 --   new_key text[], rate_limit text[], weight float8[];
 --   c_target bigint[], c_id bigint[]: the (owner, signal id) pairs a progressing
 --   outcome consumes (exactly the ids its step was handed).
+-- Notifies `gen_durable_result` once per flush with the ids that settled (done,
+-- failed or parked), so await_result in another process answers at once ('*' when the
+-- list would exceed NOTIFY's 8000-byte payload: every waiter re-reads).
 -- Guard: locked_by = worker AND status = 'executing'. A stale outcome matches nothing,
 --   and every rider keys off `upd`, so it consumes, purges and wakes nothing either.
 -- Index: primary key (one point lookup per outcome); signals by id / by target.
@@ -61,5 +64,13 @@ WITH input AS (
     USING upd
     WHERE s.target_id = upd.id AND upd.status IN ('done', 'failed')
     RETURNING s.id
+), settled AS (
+    -- One notification per flush names the rows that settled, for await_result
+    -- waiters in other processes (SPEC §1 await_result).
+    SELECT pg_notify('gen_durable_result', CASE WHEN length(ids) > 7900 THEN '*' ELSE ids END)
+    FROM (SELECT string_agg(id::text, ',') AS ids FROM upd
+          WHERE status IN ('done', 'failed', 'awaiting_signal', 'awaiting_children')) s
+    WHERE ids IS NOT NULL
 )
-SELECT id, status::text, queue, parent_id FROM upd
+SELECT upd.id, upd.status::text, upd.queue, upd.parent_id
+FROM upd CROSS JOIN (SELECT count(*) FROM settled) n

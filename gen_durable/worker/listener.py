@@ -21,14 +21,15 @@ CHANNEL = "gen_durable"
 
 
 class Listener:
-    def __init__(self, on_wake, on_reconnect, using=None):
+    def __init__(self, on_wake, on_reconnect, using=None, channel=CHANNEL):
+        self.channel = channel
         self.on_wake = on_wake
         self.on_reconnect = on_reconnect
         self.using = using
         self._stop = threading.Event()
         self._conn = None
         self.connects = 0
-        self._thread = threading.Thread(target=self._loop, name="gd-listener", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name=f"gd-listen-{channel}", daemon=True)
 
     def start(self):
         self._thread.start()
@@ -42,7 +43,7 @@ class Listener:
         params = db.connection(self.using).get_connection_params()
         params.pop("cursor_factory", None)
         conn = psycopg.connect(**params, autocommit=True)
-        conn.execute(f"LISTEN {CHANNEL}")
+        conn.execute(f"LISTEN {self.channel}")
         return conn
 
     def _loop(self):

@@ -1,0 +1,200 @@
+"""await_result and get: read an instance's outcome from a view (SPEC §1).
+
+Waiting is cheap in the waiting process: one `ResultWatcher` thread per process
+LISTENs on `gen_durable_result` (the flush notifies the ids that settled) and wakes
+the waiters of those ids; each waiter then re-reads its row. A notification is only
+a hint — the row is the truth — and polling every POLL_FLOOR seconds is the floor
+when a notification is missed or the listener is down.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from asgiref.sync import sync_to_async
+
+from . import db, sql
+from .codec import loads
+from .worker.listener import Listener
+
+POLL_FLOOR = 0.25  # seconds between re-reads when no notification arrives
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """An instance row as a read-only value (SPEC §1 get)."""
+
+    id: int
+    fsm: str
+    fsm_version: int
+    step: str
+    status: str
+    state: Any
+    result: Any
+    last_error: str | None
+    attempt: int
+    queue: str
+    priority: int
+    correlation_key: str | None
+    awaits: list | None
+    parent_id: int | None
+    children_pending: int
+    eligible_at: dt.datetime
+    inserted_at: dt.datetime
+    updated_at: dt.datetime
+
+
+@dataclass(frozen=True)
+class Result:
+    """What await_result saw: status is done | failed | awaiting | busy | not_found."""
+
+    status: str
+    result: Any = None
+    error: str | None = None
+    snapshot: Snapshot | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "done"
+
+
+def target_params(target) -> dict:
+    """An id (int) or a correlation key (str) → the (id, key) parameters of the SQL."""
+    if isinstance(target, bool) or not isinstance(target, (int, str)):
+        from .exceptions import InvalidInput
+
+        raise InvalidInput(f"target must be an instance id (int) or a correlation key (str), got {target!r}")
+    return {"id": target, "key": None} if isinstance(target, int) else {"id": None, "key": target}
+
+
+def get(target, *, using=None) -> Snapshot | None:
+    """Return the instance `target` (id, or live correlation key) as a Snapshot, or None.
+
+    Statements: 1.
+    """
+    row = db.fetchone(sql.GET, target_params(target), using)
+    if row is None:
+        return None
+    values = list(row)
+    values[5], values[6] = loads(values[5]), loads(values[6])
+    return Snapshot(*values)
+
+
+aget = sync_to_async(get)
+aget.__doc__ = "Async twin of `get`."
+
+
+class ResultWatcher:
+    """One per process: routes `gen_durable_result` notifications to waiting threads."""
+
+    _instance = None
+    _guard = threading.Lock()
+
+    def __init__(self, using=None):
+        self._lock = threading.Lock()
+        self._waiters: dict[int, list[threading.Event]] = {}
+        self.listener = Listener(self._on_note, self._wake_all, using=using, channel="gen_durable_result").start()
+
+    @classmethod
+    def get(cls, using=None) -> "ResultWatcher":
+        with cls._guard:
+            if cls._instance is None:
+                cls._instance = cls(using)
+            return cls._instance
+
+    @classmethod
+    def shutdown(cls) -> None:
+        """Stop the process's watcher (tests; a process exit does it anyway)."""
+        with cls._guard:
+            if cls._instance is not None:
+                cls._instance.listener.stop()
+                cls._instance = None
+
+    def register(self, id_: int) -> threading.Event:
+        ev = threading.Event()
+        with self._lock:
+            self._waiters.setdefault(id_, []).append(ev)
+        return ev
+
+    def unregister(self, id_: int, ev) -> None:
+        with self._lock:
+            evs = self._waiters.get(id_, [])
+            if ev in evs:
+                evs.remove(ev)
+            if not evs:
+                self._waiters.pop(id_, None)
+
+    def _on_note(self, payload: str) -> None:
+        if payload == "*":
+            return self._wake_all()
+        with self._lock:
+            for part in payload.split(","):
+                try:
+                    for ev in self._waiters.get(int(part), ()):
+                        ev.set()
+                except ValueError:
+                    continue
+
+    def _wake_all(self) -> None:
+        with self._lock:
+            for evs in self._waiters.values():
+                for ev in evs:
+                    ev.set()
+
+
+def _settled(snap: Snapshot, until: str) -> Result | None:
+    if snap.status == "done":
+        return Result("done", result=snap.result, snapshot=snap)
+    if snap.status == "failed":
+        return Result("failed", error=snap.last_error, snapshot=snap)
+    if until == "settled" and snap.status in ("awaiting_signal", "awaiting_children"):
+        return Result("awaiting", snapshot=snap)
+    return None
+
+
+def await_result(id: int, timeout: float = 5.0, *, until: str = "settled", using=None) -> Result:
+    """Wait until instance `id` settles or `timeout` seconds pass.
+
+    Args:
+        id: the instance id. timeout: seconds ≥ 0.
+        until: "settled" (default: done, failed, or parked awaiting a signal/children)
+            or "terminal" (wait through parking).
+    Returns: Result with status done (result), failed (error), awaiting (parked),
+        busy (still runnable/executing at the deadline — not a failure: call again
+        later, that is the retry protocol) or not_found; every result but not_found
+        carries a snapshot (status, step, attempt, ...).
+    """
+    from .outcomes import seconds
+
+    timeout = seconds(timeout, "timeout")
+    if until not in ("settled", "terminal"):
+        from .exceptions import InvalidInput
+
+        raise InvalidInput(f"until must be 'settled' or 'terminal', got {until!r}")
+    deadline = time.monotonic() + timeout
+    watcher = ResultWatcher.get(using)
+    ev = watcher.register(id)
+    try:
+        while True:
+            ev.clear()
+            snap = get(id, using=using)
+            if snap is None:
+                return Result("not_found")
+            found = _settled(snap, until)
+            if found is not None:
+                return found
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return Result("busy", snapshot=snap)
+            ev.wait(min(left, POLL_FLOOR))
+    finally:
+        watcher.unregister(id, ev)
+
+
+# A waiting call must not hold the shared sync thread of an async view.
+aawait_result = sync_to_async(await_result, thread_sensitive=False)
+aawait_result.__doc__ = "Async twin of `await_result` (runs in its own thread)."

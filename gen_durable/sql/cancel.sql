@@ -1,0 +1,36 @@
+-- cancel: fail a live instance now, with a reason.
+-- Spec: SPEC §1 cancel. Params: id bigint | NULL, key text | NULL, reason text.
+-- A running step's late outcome is dropped by the flush guard (locked_by is cleared).
+-- Like any terminal outcome it clears the inbox and counts off a joining parent
+-- (waking it at zero, with a notification).
+WITH target AS (
+    SELECT id FROM gen_durable
+    WHERE (id = %(id)s::bigint OR correlation_guard = %(key)s::text)
+      AND status NOT IN ('done', 'failed')
+    LIMIT 1
+), upd AS (
+    UPDATE gen_durable g
+    SET status = 'failed', last_error = %(reason)s::text, locked_by = NULL,
+        lease_expires_at = NULL, concurrency_shard = NULL, awaits = NULL,
+        await_deadline = NULL, updated_at = now()
+    FROM target t
+    WHERE g.id = t.id AND g.status NOT IN ('done', 'failed')
+    RETURNING g.id, g.parent_id
+), purged AS (
+    DELETE FROM gen_durable_signals s USING upd WHERE s.target_id = upd.id RETURNING s.id
+), parent AS (
+    UPDATE gen_durable p
+    SET children_pending = GREATEST(p.children_pending - 1, 0),
+        status = CASE WHEN p.status = 'awaiting_children' AND p.children_pending <= 1
+                      THEN 'runnable'::gen_durable_status ELSE p.status END,
+        eligible_at = CASE WHEN p.status = 'awaiting_children' AND p.children_pending <= 1
+                           THEN now() ELSE p.eligible_at END,
+        updated_at = now()
+    FROM upd
+    WHERE p.id = upd.parent_id
+    RETURNING p.status, p.queue
+)
+SELECT upd.id,
+       (SELECT count(pg_notify('gen_durable', parent.queue)) FROM parent WHERE parent.status = 'runnable'),
+       (SELECT pg_notify('gen_durable_result', upd.id::text)) IS NULL
+FROM upd

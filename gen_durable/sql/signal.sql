@@ -1,0 +1,39 @@
+-- signal: deliver one signal — resolve the target, insert into its inbox, wake it.
+-- Spec: SPEC §1 signal, §4.4; seeds: internals "Signals"; behaviours SIG-01..05.
+-- Params: id bigint | NULL, key text | NULL (a live correlation_guard), name text,
+--   payload text (JSON), dedup_key text | NULL.
+-- Index: primary key or gen_durable_correlation (target); gen_durable_signals_dedup
+--   (ON CONFLICT: a redelivered dedup key is a no-op). Statements: 1.
+-- The wake matches the target by id ALONE and decides the flip in CASE, never in the
+-- WHERE: it always takes the row lock, so racing a park it queues behind the park's
+-- lock and re-evaluates the CASE against the committed parked row. A WHERE on status
+-- would skip the not-yet-parked row without waiting — the lost wake-up.
+-- Returns one row when the target exists: (signal id | NULL when deduplicated,
+-- status after delivery, queue); no row → NoTarget. A woken row notifies its queue.
+WITH target AS (
+    SELECT id FROM gen_durable
+    WHERE (id = %(id)s::bigint OR correlation_guard = %(key)s::text)
+      AND status NOT IN ('done', 'failed')
+    LIMIT 1
+), ins AS (
+    INSERT INTO gen_durable_signals (target_id, name, payload, dedup_key)
+    SELECT id, %(name)s::text, %(payload)s::jsonb, %(dedup_key)s::text FROM target
+    ON CONFLICT (target_id, dedup_key) DO NOTHING
+    RETURNING id, target_id
+), wake AS (
+    UPDATE gen_durable g
+    SET status = CASE WHEN g.status = 'awaiting_signal' AND %(name)s::text = ANY (g.awaits)
+                      THEN 'runnable'::gen_durable_status ELSE g.status END,
+        eligible_at = CASE WHEN g.status = 'awaiting_signal' AND %(name)s::text = ANY (g.awaits)
+                           THEN now() ELSE g.eligible_at END,
+        await_deadline = CASE WHEN g.status = 'awaiting_signal' AND %(name)s::text = ANY (g.awaits)
+                              THEN NULL ELSE g.await_deadline END,
+        updated_at = CASE WHEN g.status = 'awaiting_signal' AND %(name)s::text = ANY (g.awaits)
+                          THEN now() ELSE g.updated_at END
+    FROM target t
+    WHERE g.id = t.id
+    RETURNING g.id, g.status, g.queue
+)
+SELECT (SELECT ins.id FROM ins), wake.status::text, wake.queue,
+       (CASE WHEN wake.status = 'runnable' THEN pg_notify('gen_durable', wake.queue) END) IS NULL
+FROM target LEFT JOIN wake ON wake.id = target.id
