@@ -3,7 +3,7 @@
 -- Params: queue text, prefix text (host-level worker prefix), margin float8 (seconds:
 --   LEASE_TTL - 2 x HEARTBEAT_INTERVAL). A live owner heartbeats, so its leases stay
 --   above the margin; only claims not renewed for two intervals are taken.
--- starts_with() is a literal prefix test (LIKE would treat % and _ in names as patterns).
+-- starts_with() is a literal prefix test (LIKE would treat percent signs and underscores in names as patterns).
 -- Index: gen_durable_lease. Locks: id order, SKIP LOCKED.
 WITH stale AS (
     SELECT id FROM gen_durable

@@ -1,0 +1,120 @@
+"""Plan shapes of the hot statements at scale (SPEC §8; seeds: performance §2-§5).
+
+A 100k-row fixture (30 % runnable, 0.5 % executing, the rest terminal) is enough for
+the planner to choose the plans it chooses at 1M rows; bench/ records EXPLAIN ANALYZE
+at 1M. Each test reads EXPLAIN (FORMAT JSON) — the statement is planned, not run.
+"""
+
+import json
+
+import pytest
+from django.db import connection
+
+from gen_durable import sql
+from tests.plans.seed import seed
+
+TOTAL = 100_000
+
+
+@pytest.fixture(scope="module")
+def _seeded(django_db_setup, django_db_blocker):
+    with django_db_blocker.unblock():
+        with connection.cursor() as cur:
+            cur.execute("TRUNCATE gen_durable, gen_durable_signals RESTART IDENTITY CASCADE")
+            seed(cur, TOTAL)
+        yield
+        with connection.cursor() as cur:
+            cur.execute("TRUNCATE gen_durable, gen_durable_signals RESTART IDENTITY CASCADE")
+
+
+@pytest.fixture
+def scale(_seeded, db):
+    yield
+
+
+def plan(statement, params):
+    with connection.cursor() as cur:
+        cur.execute("SET LOCAL plan_cache_mode = force_custom_plan")
+        cur.execute("EXPLAIN (FORMAT JSON) " + statement, params)
+        raw = cur.fetchone()[0]
+    return (json.loads(raw) if isinstance(raw, str) else raw)[0]["Plan"]
+
+
+def nodes(p):
+    yield p
+    for child in p.get("Plans", ()):
+        yield from nodes(child)
+
+
+def seq_scans_of_instances(p):
+    return [n for n in nodes(p) if n["Node Type"] == "Seq Scan" and n.get("Relation Name") == "gen_durable"]
+
+
+def index_scans(p):
+    return {n.get("Index Name") for n in nodes(p) if "Index" in n["Node Type"]}
+
+
+PICK = {"queue": "q1", "limit": 50, "worker": "w", "ttl": 60.0, "gates": []}
+
+
+def test_pick_rides_the_pick_index_and_stops_at_the_batch(scale):
+    p = plan(sql.PICK, PICK)
+    assert not seq_scans_of_instances(p)
+    scans = [n for n in nodes(p) if n.get("Index Name") == "gen_durable_pick"]
+    assert scans, "the claim must scan gen_durable_pick"
+    assert all("queue = " in n.get("Index Cond", "") for n in scans)
+    limits = [n for n in nodes(p) if n["Node Type"] == "Limit"]
+    assert limits and limits[0]["Plan Rows"] <= 50
+    # The K=1 probe uses the arbiter index, not a scan of the executing set.
+    assert "gen_durable_concurrency_active" in index_scans(p)
+    assert not any(n.get("Sort Key") for n in nodes(p) if n.get("Parent Relationship") == "Outer"
+                   and n["Node Type"] == "Sort" and n.get("Plan Rows", 0) > 1000)
+
+
+def test_pick_touches_about_a_batch_of_rows_when_run(scale):
+    with connection.cursor() as cur:
+        cur.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql.PICK, PICK)
+        raw = cur.fetchone()[0]
+    p = (json.loads(raw) if isinstance(raw, str) else raw)[0]["Plan"]
+    scan = next(n for n in nodes(p) if n.get("Index Name") == "gen_durable_pick")
+    assert scan["Actual Rows"] <= 2 * 50  # ~batch, not the 30k runnable rows
+
+
+@pytest.mark.parametrize("name, params", [
+    ("LOAD_SIGNALS", {"ids": list(range(1, 51))}),
+    ("LOAD_CHILDREN", {"ids": list(range(1, 51))}),
+    ("FLUSH", {k: v for k, v in {
+        "id": [1, 2], "worker": ["w", "w"], "kind": ["next", "done"], "step": ["s", None],
+        "state": [None, None], "result": [None, "{}"], "error": [None, None], "delay": [0.0, 0.0],
+        "awaits": [None, None], "timeout": [None, None], "set_key": [False, False],
+        "new_key": [None, None], "rate_limit": [None, None], "weight": [1.0, 1.0],
+        "c_target": [1], "c_id": [5]}.items()}),
+    ("PARK_RECHECK", {"id": [1, 2], "p_target": [1], "p_id": [3]}),
+    ("SPAWN_PARK", {"id": [1], "n": [3]}),
+    ("JOIN_PARENTS", {"parent_id": [1, 2], "n": [1, 2]}),
+    ("HEARTBEAT", {"ids": list(range(1, 51)), "worker": "w", "ttl": 60.0}),
+    ("RELEASE", {"ids": list(range(1, 51)), "worker": "w"}),
+    ("RECLAIM", {"queue": "q1", "prefix": "host:q1:", "margin": 20.0}),
+    ("REAP", {"limit": 1000}),
+    ("EXPIRE_AWAITS", {"force": False, "limit": 1000}),
+    ("GC_DELETE", {"ids": list(range(1, 10001))}),
+    ("SIGNAL", {"id": 1, "key": None, "name": "go", "payload": "{}", "dedup_key": None}),
+    ("SIGNAL", {"id": None, "key": "order:1", "name": "go", "payload": "{}", "dedup_key": None}),
+    ("GET", {"id": 1, "key": None}),
+    ("CANCEL", {"id": None, "key": "order:1", "reason": "x"}),
+    ("INSERT", {"fsm": "f", "fsm_version": 1, "step": "s", "state": "{}", "queue": "q", "priority": 0,
+                "at": None, "delay": 0.0, "concurrency_key": None, "rate_limit": None, "weight": 1.0,
+                "correlation_key": "k", "scope": ["runnable"]}),
+])
+def test_no_hot_statement_scans_the_instance_table(scale, name, params):
+    p = plan(getattr(sql, name), params)
+    assert not seq_scans_of_instances(p), json.dumps(p, indent=1)[:3000]
+
+
+def test_gc_deletes_by_primary_key(scale):
+    p = plan(sql.GC_DELETE, {"ids": list(range(1, 10001))})
+    assert "gen_durable_pkey" in index_scans(p)
+
+
+def test_reaper_rides_the_lease_index(scale):
+    assert "gen_durable_lease" in index_scans(plan(sql.REAP, {"limit": 1000}))
