@@ -1,0 +1,403 @@
+"""System checks for settings.GEN_DURABLE (SPEC §2; STYLE "Settings and checks").
+
+Each check runs under `override_settings(GEN_DURABLE=...)` and is compared with its
+exact list of messages, as Django's own check tests do. No database is touched: the
+checks read settings only.
+"""
+
+import copy
+
+import pytest
+from django.conf import settings
+from django.core import checks as django_checks
+from django.core.checks import Error, Warning
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
+from django.test import override_settings
+
+from gen_durable import checks, conf
+from gen_durable.conf import DEFAULTS
+
+ALL_CHECKS = (
+    checks.check_unknown_keys,
+    checks.check_queues,
+    checks.check_timings,
+    checks.check_sections,
+    checks.check_notify_and_limiter,
+    checks.check_limits,
+    checks.check_database,
+)
+
+
+def run_all():
+    return [m for check in ALL_CHECKS for m in check()]
+
+
+def E(n, msg, hint):
+    return Error(msg, hint=hint, id=f"gen_durable.E{n:03d}")
+
+
+# --- baseline -------------------------------------------------------------------------
+
+def test_the_test_suite_settings_pass_every_check():
+    assert run_all() == []
+
+
+@override_settings(GEN_DURABLE={})
+def test_an_empty_gen_durable_setting_passes_every_check():
+    assert run_all() == []
+
+
+def test_every_check_is_registered_with_django():
+    registered = set(django_checks.registry.registry.get_checks())
+    assert set(ALL_CHECKS) <= registered
+
+
+def test_bad_settings_stop_manage_py_check_with_the_check_id():
+    # `manage.py check` (and so migrate and rundurable) refuses to start on a bad
+    # value and names it. (The suite's settings have no MIDDLEWARE, which the admin's
+    # own checks flag, so only the compatibility tag that gen_durable uses is run.)
+    with override_settings(GEN_DURABLE={"QUEUES": {"default": 0}}):
+        with pytest.raises(SystemCheckError, match=r"gen_durable\.E002.*'default'"):
+            call_command("check", tags=["compatibility"])
+    call_command("check", tags=["compatibility"])  # and is quiet with the good settings
+
+
+# --- E001 unknown keys ------------------------------------------------------------------
+
+@override_settings(GEN_DURABLE={"QUEUS": {"default": 1}})
+def test_unknown_key_is_named_with_a_did_you_mean_hint():
+    assert checks.check_unknown_keys() == [
+        E(1, "GEN_DURABLE has an unknown key 'QUEUS'.", "Did you mean 'QUEUES'?"),
+    ]
+
+
+@override_settings(GEN_DURABLE={"ZZZ": 1, "LEASE_TL": 60})
+def test_each_unknown_key_gets_its_own_error_in_sorted_order():
+    assert checks.check_unknown_keys() == [
+        E(1, "GEN_DURABLE has an unknown key 'LEASE_TL'.", "Did you mean 'LEASE_TTL'?"),
+        E(1, "GEN_DURABLE has an unknown key 'ZZZ'.", "Known keys: " + ", ".join(DEFAULTS)),
+    ]
+
+
+@override_settings(GEN_DURABLE=[("QUEUES", {"default": 1})])
+def test_gen_durable_that_is_not_a_dict_is_an_error():
+    assert checks.check_unknown_keys() == [
+        E(1, "GEN_DURABLE must be a dict.", "See SPEC §2 for the keys."),
+    ]
+
+
+# --- E002 QUEUES ----------------------------------------------------------------------
+
+QUEUE_HINT = "It is the number of concurrent steps per worker process."
+
+
+@pytest.mark.parametrize("queues, expected", [
+    ({"default": 0}, [E(2, "GEN_DURABLE['QUEUES']['default'] must be a positive int, got 0.", QUEUE_HINT)]),
+    ({"mail": -3}, [E(2, "GEN_DURABLE['QUEUES']['mail'] must be a positive int, got -3.", QUEUE_HINT)]),
+    ({"mail": "3"}, [E(2, "GEN_DURABLE['QUEUES']['mail'] must be a positive int, got '3'.", QUEUE_HINT)]),
+    ({"mail": 2.5}, [E(2, "GEN_DURABLE['QUEUES']['mail'] must be a positive int, got 2.5.", QUEUE_HINT)]),
+    ({"mail": True}, [E(2, "GEN_DURABLE['QUEUES']['mail'] must be a positive int, got True.", QUEUE_HINT)]),
+    ({"": 3}, [E(2, "GEN_DURABLE['QUEUES'] has an invalid queue name ''.", "Queue names are non-empty strings.")]),
+    ({7: 3}, [E(2, "GEN_DURABLE['QUEUES'] has an invalid queue name 7.", "Queue names are non-empty strings.")]),
+    (["default"], [E(2, "GEN_DURABLE['QUEUES'] must be a dict of queue name -> concurrency.",
+                     'For example {"default": 10}.')]),
+    ({"a": 1, "b": 0, "c": 2}, [E(2, "GEN_DURABLE['QUEUES']['b'] must be a positive int, got 0.", QUEUE_HINT)]),
+], ids=["zero", "negative", "string", "float", "bool", "empty-name", "int-name", "not-a-dict", "one-of-three"])
+def test_queues_must_map_names_to_positive_ints(queues, expected):
+    with override_settings(GEN_DURABLE={"QUEUES": queues}):
+        assert checks.check_queues() == expected
+
+
+@override_settings(GEN_DURABLE={"QUEUES": {}})
+def test_no_queues_is_a_valid_web_only_node():
+    assert checks.check_queues() == []
+
+
+# --- E003 durations and knobs; W001 heartbeat vs lease ------------------------------
+
+def seconds_error(key, value):
+    return E(3, f"GEN_DURABLE['{key}'] must be a number of seconds > 0, got {value!r}.",
+             "Durations are seconds (SPEC §2).")
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    ({"LEASE_TTL": 0}, [seconds_error("LEASE_TTL", 0)]),
+    ({"LEASE_TTL": "60"}, [seconds_error("LEASE_TTL", "60")]),
+    ({"HEARTBEAT_INTERVAL": -1}, [seconds_error("HEARTBEAT_INTERVAL", -1)]),
+    ({"POLL_INTERVAL": None}, [seconds_error("POLL_INTERVAL", None)]),
+    ({"MAX_POLL_INTERVAL": True}, [seconds_error("MAX_POLL_INTERVAL", True)]),
+    ({"DRAIN_TIMEOUT": -0.5}, [E(3, "GEN_DURABLE['DRAIN_TIMEOUT'] must be seconds >= 0, got -0.5.",
+                                  "Seconds in-flight steps get on shutdown.")]),
+    ({"PREFETCH": -1}, [E(3, "GEN_DURABLE['PREFETCH'] must be an int >= 0.", "Feeder knob (SPEC §2).")]),
+    ({"MIN_DEMAND": 0}, [E(3, "GEN_DURABLE['MIN_DEMAND'] must be an int >= 1.", "Feeder knob (SPEC §2).")]),
+    ({"MAX_PAYLOAD_BYTES": 0}, [E(3, "GEN_DURABLE['MAX_PAYLOAD_BYTES'] must be a positive int.",
+                                  "Bytes of encoded JSON.")]),
+    ({"POLL_INTERVAL": 6, "MAX_POLL_INTERVAL": 5}, [
+        E(3, "GEN_DURABLE['POLL_INTERVAL'] exceeds MAX_POLL_INTERVAL.",
+          "The back-off ceiling must be >= the base interval.")]),
+    ({"LEASE_TTL": 0, "POLL_INTERVAL": "1"}, [seconds_error("LEASE_TTL", 0), seconds_error("POLL_INTERVAL", "1")]),
+], ids=["lease-zero", "lease-string", "heartbeat-negative", "poll-none", "max-poll-bool", "drain-negative",
+        "prefetch-negative", "min-demand-zero", "payload-zero", "poll-above-ceiling", "two-at-once"])
+def test_durations_and_knobs_are_validated(overrides, expected):
+    with override_settings(GEN_DURABLE=overrides):
+        assert checks.check_timings() == expected
+
+
+@override_settings(GEN_DURABLE={"DRAIN_TIMEOUT": 0, "PREFETCH": 0, "LEASE_TTL": 0.5, "HEARTBEAT_INTERVAL": 0.1,
+                                "POLL_INTERVAL": 0.05, "MAX_POLL_INTERVAL": 0.05})
+def test_zero_drain_and_fractional_seconds_are_accepted():
+    assert checks.check_timings() == []
+
+
+@override_settings(GEN_DURABLE={"LEASE_TTL": 30, "HEARTBEAT_INTERVAL": 11})
+def test_heartbeat_times_three_above_the_lease_warns():
+    assert checks.check_timings() == [Warning(
+        "GEN_DURABLE heartbeat (11s) x 3 exceeds the lease (30s).",
+        hint="A missed heartbeat or two would let the reaper take a live step; "
+             "keep HEARTBEAT_INTERVAL x 3 <= LEASE_TTL.",
+        id="gen_durable.W001",
+    )]
+
+
+@override_settings(GEN_DURABLE={"LEASE_TTL": 30, "HEARTBEAT_INTERVAL": 10})
+def test_heartbeat_exactly_a_third_of_the_lease_is_fine():
+    assert checks.check_timings() == []
+
+
+@override_settings(GEN_DURABLE={"LEASE_TTL": 30, "HEARTBEAT_INTERVAL": 11, "MIN_DEMAND": 0})
+def test_heartbeat_warning_waits_until_the_values_are_valid():
+    assert [m.id for m in checks.check_timings()] == ["gen_durable.E003"]
+
+
+# --- E004 FLUSH / REAPER / GC -----------------------------------------------------
+
+@pytest.mark.parametrize("overrides, expected", [
+    ({"FLUSH": {"MAX_BATCH": 5, "MAX_DEALY": 1}}, [
+        E(4, "GEN_DURABLE['FLUSH'] has an unknown key 'MAX_DEALY'.", "Did you mean 'MAX_DELAY'?")]),
+    ({"REAPER": {"INTERVL": 5}}, [
+        E(4, "GEN_DURABLE['REAPER'] has an unknown key 'INTERVL'.", "Did you mean 'INTERVAL'?")]),
+    ({"GC": {"RETENTON": 5, "XYZZY": 1}}, [
+        E(4, "GEN_DURABLE['GC'] has an unknown key 'RETENTON'.", "Did you mean 'RETENTION'?"),
+        E(4, "GEN_DURABLE['GC'] has an unknown key 'XYZZY'.", "Keys: INTERVAL, RETENTION, BATCH.")]),
+    ({"FLUSH": False}, [
+        E(4, "GEN_DURABLE['FLUSH'] cannot be False.", "Every outcome goes through the flush (SPEC §10.3).")]),
+    ({"REAPER": True}, [
+        E(4, "GEN_DURABLE['REAPER'] must be a dict or False, got True.", "Keys: INTERVAL.")]),
+    ({"GC": 60}, [
+        E(4, "GEN_DURABLE['GC'] must be a dict or False, got 60.", "Keys: INTERVAL, RETENTION, BATCH.")]),
+    ({"FLUSH": {"MAX_BATCH": 0}}, [
+        E(4, "GEN_DURABLE['FLUSH']['MAX_BATCH'] must be a positive number, got 0.",
+          "Durations are seconds; batches are ints.")]),
+    ({"FLUSH": {"MAX_BATCH": 2.5}}, [
+        E(4, "GEN_DURABLE['FLUSH']['MAX_BATCH'] must be a positive number, got 2.5.",
+          "Durations are seconds; batches are ints.")]),
+    ({"REAPER": {"INTERVAL": -1}}, [
+        E(4, "GEN_DURABLE['REAPER']['INTERVAL'] must be a positive number, got -1.",
+          "Durations are seconds; batches are ints.")]),
+    ({"GC": {"BATCH": "10"}}, [
+        E(4, "GEN_DURABLE['GC']['BATCH'] must be a positive number, got '10'.",
+          "Durations are seconds; batches are ints.")]),
+    ({"GC": {"RETENTION": -1}}, [
+        E(4, "GEN_DURABLE['GC']['RETENTION'] must be a positive number, got -1.",
+          "Durations are seconds; batches are ints.")]),
+], ids=["flush-typo", "reaper-typo", "gc-typo-and-unknown", "flush-false", "reaper-true", "gc-int",
+        "max-batch-zero", "max-batch-float", "reaper-negative", "gc-batch-string", "retention-negative"])
+def test_flush_reaper_and_gc_sections_are_validated(overrides, expected):
+    with override_settings(GEN_DURABLE=overrides):
+        assert checks.check_sections() == expected
+
+
+@override_settings(GEN_DURABLE={"REAPER": False, "GC": False})
+def test_reaper_and_gc_may_be_switched_off_with_false():
+    assert checks.check_sections() == []
+
+
+@override_settings(GEN_DURABLE={"GC": {"RETENTION": 0}, "FLUSH": {"MAX_DELAY": 0.001}})
+def test_zero_retention_is_accepted():
+    assert checks.check_sections() == []
+
+
+# --- E005 NOTIFY, E006 LIMITER --------------------------------------------------------
+
+@pytest.mark.parametrize("notify, expected", [
+    ("postgres", []),
+    ("none", []),
+    ("redis", [E(5, "GEN_DURABLE['NOTIFY'] must be 'postgres' or 'none', got 'redis'.", "'none' means poll only.")]),
+    (None, [E(5, "GEN_DURABLE['NOTIFY'] must be 'postgres' or 'none', got None.", "'none' means poll only.")]),
+])
+def test_notify_is_postgres_or_none(notify, expected):
+    with override_settings(GEN_DURABLE={"NOTIFY": notify}):
+        assert checks.check_notify_and_limiter() == expected
+
+
+def limiter_shape_error(value):
+    return E(6, f"GEN_DURABLE['LIMITER'] must be 'postgres' or {{'BACKEND': 'redis', 'URL': ...}}, got {value!r}.",
+             "See SPEC §2.")
+
+
+@pytest.mark.parametrize("limiter, expected", [
+    ("postgres", []),
+    ({"BACKEND": "postgres"}, []),
+    ({"BACKEND": "redis", "URL": "redis://127.0.0.1:6379/0"}, []),
+    ("redis", [limiter_shape_error("redis")]),
+    ({"BACKEND": "memcached"}, [limiter_shape_error({"BACKEND": "memcached"})]),
+    ({"BACKEND": "redis"}, [E(6, "GEN_DURABLE['LIMITER'] with BACKEND 'redis' needs a 'URL'.",
+                              "For example 'redis://127.0.0.1:6379/0'.")]),
+], ids=["postgres", "postgres-dict", "redis-url", "bare-redis-string", "unknown-backend", "redis-no-url"])
+def test_limiter_is_postgres_or_redis_with_a_url(limiter, expected):
+    with override_settings(GEN_DURABLE={"LIMITER": limiter}):
+        assert checks.check_notify_and_limiter() == expected
+
+
+# --- E007 RATE_LIMITS / CONCURRENCY_LIMITS ---------------------------------------------
+
+def rate_error(name):
+    return E(7, f"GEN_DURABLE['RATE_LIMITS'][{name!r}] needs 'allowed' (>= 0) and 'period' (seconds > 0).",
+             'For example {"allowed": 100, "period": 60}.')
+
+
+def gate_error(name):
+    return E(7, f"GEN_DURABLE['CONCURRENCY_LIMITS'][{name!r}] needs 'limit', a positive int.",
+             'For example {"limit": 5}.')
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    ({"RATE_LIMITS": {"stripe": {"allowed": 100, "period": 60, "burst": 10, "shards": 2}},
+      "CONCURRENCY_LIMITS": {"gate": {"limit": 5, "shards": 2}}}, []),
+    ({"RATE_LIMITS": {"frozen": {"allowed": 0, "period": 1}}}, []),
+    ({"RATE_LIMITS": {"stripe": {"allowed": 10}}}, [rate_error("stripe")]),
+    ({"RATE_LIMITS": {"stripe": {"allowed": -1, "period": 1}}}, [rate_error("stripe")]),
+    ({"RATE_LIMITS": {"stripe": {"allowed": 1, "period": 0}}}, [rate_error("stripe")]),
+    ({"RATE_LIMITS": {"stripe": 100}}, [rate_error("stripe")]),
+    ({"CONCURRENCY_LIMITS": {"gate": {"limit": 0}}}, [gate_error("gate")]),
+    ({"CONCURRENCY_LIMITS": {"gate": {"limit": 2.0}}}, [gate_error("gate")]),
+    ({"CONCURRENCY_LIMITS": {"gate": {}}}, [gate_error("gate")]),
+    ({"RATE_LIMITS": ["stripe"]}, [E(7, "GEN_DURABLE['RATE_LIMITS'] must be a dict.", "name -> options")]),
+    ({"CONCURRENCY_LIMITS": None}, [E(7, "GEN_DURABLE['CONCURRENCY_LIMITS'] must be a dict.", "name -> options")]),
+], ids=["valid", "zero-rate", "no-period", "negative-allowed", "zero-period", "not-a-dict-entry",
+        "limit-zero", "limit-float", "limit-missing", "rate-limits-list", "gates-none"])
+def test_rate_and_concurrency_limits_are_validated(overrides, expected):
+    with override_settings(GEN_DURABLE=overrides):
+        assert checks.check_limits() == expected
+
+
+# --- E008 database alias, W002 prepared statements -----------------------------------
+# Overriding DATABASES only changes what the check reads: Django's connection handler
+# has already cached its settings, so the live test connection is untouched.
+
+ignore_databases_warning = pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
+
+
+def real_db():
+    return copy.deepcopy(settings.DATABASES["default"])
+
+
+@override_settings(GEN_DURABLE={"DATABASE": "reporting"})
+def test_unknown_database_alias_is_an_error():
+    assert checks.check_database() == [
+        E(8, "GEN_DURABLE['DATABASE'] names an unknown database alias 'reporting'.",
+          "Aliases: " + ", ".join(settings.DATABASES) + "."),
+    ]
+
+
+@ignore_databases_warning
+def test_a_database_that_is_not_postgres_is_an_error():
+    other = {**real_db(), "ENGINE": "django.db.backends.mysql"}
+    with override_settings(DATABASES={"default": real_db(), "legacy": other},
+                           GEN_DURABLE={"DATABASE": "legacy"}):
+        assert checks.check_database() == [
+            E(8, "gen_durable needs PostgreSQL; database 'legacy' uses 'django.db.backends.mysql'.",
+              "Use django.db.backends.postgresql with psycopg 3."),
+        ]
+
+
+@ignore_databases_warning
+def test_postgis_counts_as_postgres():
+    gis = {**real_db(), "ENGINE": "django.contrib.gis.db.backends.postgis"}
+    with override_settings(DATABASES={"default": gis}):
+        assert checks.check_database() == []
+
+
+W002_HINT = ('Set OPTIONS={"server_side_binding": True, "prepare_threshold": 1} so each hot statement '
+             "is planned once per connection (SPEC §0); keep them off behind PgBouncer in transaction mode.")
+
+
+@ignore_databases_warning
+@pytest.mark.parametrize("options", [
+    None,
+    {},
+    {"server_side_binding": True},
+    {"server_side_binding": True, "prepare_threshold": None},
+    {"prepare_threshold": 1},
+], ids=["no-options", "empty", "binding-only", "threshold-none", "threshold-only"])
+def test_prepared_statements_off_warns(options):
+    cfg = real_db()
+    cfg.pop("OPTIONS", None)
+    if options is not None:
+        cfg["OPTIONS"] = options
+    with override_settings(DATABASES={"default": cfg}):
+        assert checks.check_database() == [
+            Warning("Database 'default' has prepared statements off (Django's default).",
+                    hint=W002_HINT, id="gen_durable.W002"),
+        ]
+
+
+@ignore_databases_warning
+def test_the_warning_follows_the_engine_alias_not_default():
+    plain = real_db()
+    plain.pop("OPTIONS", None)
+    with override_settings(DATABASES={"default": real_db(), "jobs": plain}, GEN_DURABLE={"DATABASE": "jobs"}):
+        assert [(m.id, m.msg) for m in checks.check_database()] == [
+            ("gen_durable.W002", "Database 'jobs' has prepared statements off (Django's default).")]
+    with override_settings(DATABASES={"default": plain, "jobs": real_db()}, GEN_DURABLE={"DATABASE": "jobs"}):
+        assert checks.check_database() == []
+
+
+# --- conf.get_settings ------------------------------------------------------------------
+
+@override_settings(GEN_DURABLE={"FLUSH": {"MAX_BATCH": 5}, "GC": {"RETENTION": 10}})
+def test_partial_nested_dicts_merge_over_the_defaults():
+    s = conf.get_settings()
+    assert s.FLUSH == {"MAX_BATCH": 5, "MAX_DELAY": 0.005}
+    assert s.GC == {"INTERVAL": 60, "RETENTION": 10, "BATCH": 10000}
+    assert s.REAPER == {"INTERVAL": 30}
+    assert DEFAULTS["FLUSH"] == {"MAX_BATCH": 100, "MAX_DELAY": 0.005}  # defaults not mutated
+
+
+@override_settings(GEN_DURABLE={"REAPER": False, "QUEUES": {"mail": 2}})
+def test_false_sections_and_top_level_dicts_replace_rather_than_merge():
+    s = conf.get_settings()
+    assert s.REAPER is False
+    assert s.QUEUES == {"mail": 2}  # not merged with {"default": 10}
+
+
+@override_settings(GEN_DURABLE={"LEASE_TL": 5, "AAA": 1})
+def test_unknown_keys_are_kept_aside_not_applied():
+    s = conf.get_settings()
+    assert s.unknown == ("AAA", "LEASE_TL")
+    assert s.LEASE_TTL == 60
+
+
+def test_settings_are_frozen():
+    import dataclasses
+
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        conf.get_settings().LEASE_TTL = 1
+
+
+def test_settings_reset_when_overridden_and_restored():
+    before = conf.get_settings()
+    assert before.QUEUES == settings.GEN_DURABLE["QUEUES"]
+    with override_settings(GEN_DURABLE={"QUEUES": {"other": 7}, "LEASE_TTL": 99}):
+        inside = conf.get_settings()
+        assert (inside.QUEUES, inside.LEASE_TTL) == ({"other": 7}, 99)
+    after = conf.get_settings()
+    assert (after.QUEUES, after.LEASE_TTL) == (settings.GEN_DURABLE["QUEUES"], settings.GEN_DURABLE["LEASE_TTL"])
+
+
+def test_database_alias_defaults_from_settings():
+    assert conf.database_alias() == "default"
+    assert conf.database_alias("other") == "other"
+    with override_settings(GEN_DURABLE={"DATABASE": "jobs"}):
+        assert conf.database_alias() == "jobs"

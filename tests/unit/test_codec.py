@@ -1,0 +1,193 @@
+"""JSON encoding of states and typed State round-trips (SPEC §1 state; behaviours OUT-15, INS-13).
+
+A typed State goes the way a row does: `codec.encode_state` → text bound to the
+`jsonb` column → `json.loads` (what psycopg hands back) → `codec.load_typed`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import uuid
+from decimal import Decimal
+from typing import Optional
+
+import pytest
+
+from gen_durable import codec
+from gen_durable.exceptions import SerializationError
+
+AMS = dt.timezone(dt.timedelta(hours=2), "CEST")
+
+
+@dataclasses.dataclass
+class Address:
+    city: str = ""
+    postcode: str = ""
+    lat: Decimal = Decimal("0")
+
+
+@dataclasses.dataclass
+class OrderState:
+    order_id: uuid.UUID = uuid.UUID(int=0)
+    placed_at: Optional[dt.datetime] = None
+    due: Optional[dt.date] = None
+    cutoff: Optional[dt.time] = None
+    total: Decimal = Decimal("0")
+    window: dt.timedelta = dt.timedelta(0)
+    ship_to: Address = dataclasses.field(default_factory=Address)
+    previous: Optional[Address] = None
+    prices: list[Decimal] = dataclasses.field(default_factory=list)
+    owners: dict[str, uuid.UUID] = dataclasses.field(default_factory=dict)
+    stops: list[Address] = dataclasses.field(default_factory=list)
+    tags: tuple[str, ...] = ()
+    coupon: Decimal | None = None
+    note: Optional[str] = None
+    count: int = 0
+
+
+def full_state():
+    return OrderState(
+        order_id=uuid.UUID("12345678-1234-5678-1234-567812345678"),
+        placed_at=dt.datetime(2026, 7, 1, 9, 30, 15, 123456, tzinfo=AMS),
+        due=dt.date(2026, 7, 3),
+        cutoff=dt.time(17, 45, 30, 250001),
+        total=Decimal("1234.5600"),
+        window=dt.timedelta(days=1, hours=2, minutes=3, seconds=4, microseconds=5),
+        ship_to=Address("Amsterdam", "1011 AB", Decimal("52.3676")),
+        previous=Address("Utrecht"),
+        prices=[Decimal("0.10"), Decimal("19.99"), Decimal("1E+3")],
+        owners={"alice": uuid.UUID(int=1), "bob": uuid.UUID(int=2)},
+        stops=[Address("Haarlem"), Address("Leiden", lat=Decimal("-4.5"))],
+        tags=("gift", "express"),
+        coupon=Decimal("5.00"),
+        note="leave at door",
+        count=3,
+    )
+
+
+def round_trip(cls, value):
+    return codec.load_typed(cls, json.loads(codec.encode_state(value)))
+
+
+def test_typed_state_round_trips_exactly():
+    original = full_state()
+    loaded = round_trip(OrderState, original)
+    assert loaded == original
+    # Equality alone would accept 1234.56 for 1234.5600 and a UTC datetime for the
+    # same instant in +02:00: check types, digits and offsets too.
+    assert type(loaded.order_id) is uuid.UUID
+    assert str(loaded.total) == "1234.5600"
+    assert [str(p) for p in loaded.prices] == ["0.10", "19.99", "1E+3"]
+    assert loaded.placed_at.utcoffset() == dt.timedelta(hours=2)
+    assert loaded.placed_at.microsecond == 123456
+    assert loaded.cutoff == dt.time(17, 45, 30, 250001)
+    assert type(loaded.ship_to) is Address and type(loaded.stops[1].lat) is Decimal
+    assert all(type(v) is uuid.UUID for v in loaded.owners.values())
+    assert loaded.tags == ("gift", "express")
+
+
+def test_utc_datetime_round_trips():
+    s = OrderState(placed_at=dt.datetime(2026, 1, 1, 0, 0, 0, 999999, tzinfo=dt.timezone.utc))
+    assert round_trip(OrderState, s) == s
+
+
+def test_optional_fields_left_none_round_trip():
+    s = OrderState(total=Decimal("1"))
+    loaded = round_trip(OrderState, s)
+    assert loaded == s
+    assert (loaded.placed_at, loaded.previous, loaded.coupon, loaded.note) == (None, None, None, None)
+
+
+def test_encoded_state_is_a_json_object_of_plain_values():
+    doc = json.loads(codec.encode_state(full_state()))
+    assert isinstance(doc, dict)
+    assert doc["total"] == "1234.5600" and doc["order_id"] == "12345678-1234-5678-1234-567812345678"
+    assert doc["ship_to"] == {"city": "Amsterdam", "postcode": "1011 AB", "lat": "52.3676"}
+    assert doc["due"] == "2026-07-03"
+
+
+def test_empty_object_loads_as_all_defaults():
+    assert codec.load_typed(OrderState, {}) == OrderState()
+    assert codec.load_typed(OrderState, None) == OrderState()
+
+
+def test_missing_keys_take_defaults_and_unknown_keys_are_ignored():
+    # A row written by an older or newer State keeps loading.
+    loaded = codec.load_typed(OrderState, {"total": "9.5", "retired_field": 1})
+    assert loaded == OrderState(total=Decimal("9.5"))
+
+
+def test_legacy_row_whose_jsonb_is_a_json_string_loads():
+    # Behaviours INS-13: old writers double-encoded, so the jsonb holds a string.
+    original = full_state()
+    legacy = json.loads(json.dumps(codec.encode_state(original)))
+    assert isinstance(legacy, str)
+    assert codec.load_typed(OrderState, legacy) == original
+
+
+def test_plain_dict_state_uses_djangos_encodings():
+    text = codec.encode_state({"at": dt.datetime(2026, 7, 1, 9, 30, tzinfo=dt.timezone.utc),
+                               "amount": Decimal("1.50"), "id": uuid.UUID(int=3), "on": dt.date(2026, 7, 1)})
+    assert json.loads(text) == {"at": "2026-07-01T09:30:00Z", "amount": "1.50",
+                                "id": "00000000-0000-0000-0000-000000000003", "on": "2026-07-01"}
+
+
+def test_datetimes_keep_their_microseconds_in_plain_states_too():
+    # DjangoJSONEncoder alone would write "…15.123Z" and lose 456 µs.
+    text = codec.encode_state({"at": dt.datetime(2026, 7, 1, 9, 30, 15, 123456, tzinfo=dt.timezone.utc),
+                               "t": dt.time(8, 0, 0, 1)})
+    assert json.loads(text) == {"at": "2026-07-01T09:30:15.123456Z", "t": "08:00:00.000001"}
+    # Whole milliseconds keep Django's exact text.
+    text = codec.encode_state({"at": dt.datetime(2026, 7, 1, 9, 30, 15, 123000, tzinfo=dt.timezone.utc)})
+    assert json.loads(text) == {"at": "2026-07-01T09:30:15.123Z"}
+
+
+def test_none_state_encodes_as_an_empty_object():
+    assert codec.encode_state(None) == "{}"
+
+
+def test_sets_encode_as_sorted_lists():
+    assert json.loads(codec.encode_state({"s": {3, 1, 2}})) == {"s": [1, 2, 3]}
+
+
+# --- errors ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("value", [
+    {"x": object()},
+    {"x": b"bytes"},
+    {"x": float("nan")},
+    {"x": float("inf")},
+    {"x": dt.time(12, 0, tzinfo=dt.timezone.utc)},
+    {1j: 1},
+], ids=["object", "bytes", "nan", "inf", "aware-time", "complex-key"])
+def test_non_json_values_raise_serialization_error_naming_what(value):
+    with pytest.raises(SerializationError, match="state of tests.Thing is not JSON-serialisable"):
+        codec.encode_state(value, "state of tests.Thing")
+
+
+def test_serialization_error_is_a_type_error():
+    with pytest.raises(TypeError):
+        codec.encode_state({"x": object()})
+
+
+def test_payload_over_the_limit_is_rejected_and_at_the_limit_accepted():
+    value = {"blob": "x" * 100}
+    size = len(codec.encode_state(value))
+    assert codec.encode_state(value, limit=size) is not None
+    with pytest.raises(SerializationError, match=rf"{size} bytes of JSON, over the {size - 1}-byte limit"):
+        codec.encode_state(value, "state", limit=size - 1)
+
+
+def test_the_limit_counts_bytes_not_characters():
+    value = {"name": "é" * 50}
+    text = codec.encode_state(value)
+    size = len(text.encode())
+    assert codec.encode_state(value, limit=size) == text
+    with pytest.raises(SerializationError, match="MAX_PAYLOAD_BYTES"):
+        codec.encode_state(value, limit=size - 1)
+
+
+def test_no_limit_means_no_size_check():
+    assert len(codec.encode_state({"blob": "x" * 2_000_000})) > 2_000_000
