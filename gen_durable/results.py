@@ -195,6 +195,16 @@ def await_result(id: int, timeout: float = 5.0, *, until: str = "settled", using
         watcher.unregister(id, ev)
 
 
+def _await_result_off_thread(id: int, timeout: float = 5.0, *, until: str = "settled", using=None) -> Result:
+    try:
+        return await_result(id, timeout, until=until, using=using)
+    finally:
+        # This is an executor thread, not the request thread: Django's end-of-request
+        # cleanup never runs here, so release the connection as a request would
+        # (CONN_MAX_AGE) instead of leaving one idle session per executor thread.
+        db.connection(using).close_if_unusable_or_obsolete()
+
+
 # A waiting call must not hold the shared sync thread of an async view.
-aawait_result = sync_to_async(await_result, thread_sensitive=False)
+aawait_result = sync_to_async(_await_result_off_thread, thread_sensitive=False)
 aawait_result.__doc__ = "Async twin of `await_result` (runs in its own thread)."

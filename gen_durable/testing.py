@@ -57,11 +57,12 @@ def drain(queue: str | None = None, *, with_scheduled: bool = True, max_steps: i
         ran = 0
         for q in sorted(queues):
             jobs = pick(q, 100, worker, ttl, gates=gates, using=using)
-            for job in jobs:
+            for i, job in enumerate(jobs):
                 if tally["steps"] >= max_steps:
                     from .worker.claims import release
 
-                    release([j.id for j in jobs if j.id >= job.id], worker, using)
+                    # The batch runs in pick order, not id order: release the rest by position.
+                    release([j.id for j in jobs[i:]], worker, using)
                     raise DrainLimitExceeded(f"drain() stopped at max_steps={max_steps}; raise it or "
                                              "look for a machine that never terminates")
                 entry = execute(job)

@@ -1,5 +1,8 @@
 """Settings for the test suite: real Postgres only (DATABASE_URL or embedded)."""
 
+import json
+import os
+
 import environ
 
 from devdb import database_url
@@ -40,6 +43,14 @@ GEN_DURABLE = {
     "GC": {"INTERVAL": 0.5, "RETENTION": 86400, "BATCH": 1000},
     "DRAIN_TIMEOUT": 2,
 }
+# Child processes of the fault and command tests (tests/races/test_faults.py,
+# tests/integration/test_rundurable.py) load these settings too: point them at the test
+# database pytest-django created, and let a test adjust engine keys (JSON object merged
+# over GEN_DURABLE). Unset in the pytest process itself.
+if os.environ.get("GEN_DURABLE_TEST_DB_NAME"):
+    DATABASES["default"]["NAME"] = os.environ["GEN_DURABLE_TEST_DB_NAME"]
+if os.environ.get("GEN_DURABLE_TEST_SETTINGS"):
+    GEN_DURABLE.update(json.loads(os.environ["GEN_DURABLE_TEST_SETTINGS"]))
 TEMPLATES = [{
     "BACKEND": "django.template.backends.django.DjangoTemplates",
     "APP_DIRS": True,

@@ -1,0 +1,1 @@
+"""The example shop: durable order flow, receipts and a throughput pipeline (durable.py)."""

@@ -1,0 +1,127 @@
+"""await_result and get (SPEC §1; behaviours AWR-01..07, SIG-12)."""
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.db import connection
+
+import gen_durable as gd
+from gen_durable.testing import drain
+from gen_durable.worker.maintenance import gc
+from tests.durable_app.durable import Plain
+from tests.durable_app.signal_machines import FanOut, Recorder, StopOnWake
+
+
+@pytest.mark.django_db
+def test_an_unknown_id_is_not_found():
+    result = gd.await_result(10**12, timeout=30)
+    assert result.status == "not_found" and result.snapshot is None and not result.ok
+
+
+@pytest.mark.django_db
+def test_a_runnable_row_is_busy_at_the_deadline_with_a_snapshot(queue_name):
+    id_ = gd.insert(Recorder, queue=queue_name, state={"names": ["go"]})
+    result = gd.await_result(id_, timeout=0.05)
+    assert result.status == "busy"
+    snap = result.snapshot
+    assert (snap.id, snap.status, snap.step, snap.attempt) == (id_, "runnable", "start", 0)
+    assert result.result is None and result.error is None
+
+
+@pytest.mark.django_db
+def test_a_parked_row_is_awaiting_unless_until_terminal(queue_name):
+    id_ = gd.insert(Recorder, queue=queue_name, state={"names": ["go"]})
+    drain(queue_name)
+    result = gd.await_result(id_, timeout=5)
+    assert result.status == "awaiting"
+    assert (result.snapshot.status, result.snapshot.step, result.snapshot.awaits) == ("awaiting_signal", "woke", ["go"])
+    assert gd.await_result(id_, timeout=0.05, until="terminal").status == "busy"
+    # awaiting children is parked too
+    parent = gd.insert(FanOut, queue=queue_name, state={"kid_queue": f"{queue_name}-idle", "kids": [{"i": 0}]})
+    drain(queue_name)
+    assert gd.await_result(parent, timeout=5).snapshot.status == "awaiting_children"
+    assert gd.await_result(parent, timeout=5).status == "awaiting"
+    # the retry protocol: once the signal lands and the step runs, the same call answers done
+    gd.signal(id_, "go", {"v": 1})
+    drain(queue_name)
+    done = gd.await_result(id_, timeout=5, until="terminal")
+    assert done.status == "done" and done.ok
+    assert [s["payload"] for s in done.result["awaited"]] == [{"v": 1}]
+
+
+@pytest.mark.django_db
+def test_done_and_failed_carry_the_result_and_the_error(queue_name):
+    ok = gd.insert(Plain, queue=queue_name)
+    bad = gd.insert(StopOnWake, queue=queue_name)
+    drain(queue_name)
+    gd.signal(bad, "go")
+    drain(queue_name)
+    done = gd.await_result(ok, timeout=5)
+    assert (done.status, done.result, done.error, done.snapshot.status) == ("done", {}, None, "done")
+    failed = gd.await_result(bad, timeout=5)
+    assert (failed.status, failed.result, failed.error) == ("failed", None, "stopped on wake")
+    assert failed.snapshot.step == "woke"
+
+
+@pytest.mark.django_db
+def test_a_row_deleted_by_gc_is_not_found(queue_name):
+    id_ = gd.insert(Plain, queue=queue_name)
+    drain(queue_name)
+    assert gd.await_result(id_, timeout=5).status == "done"
+    with connection.cursor() as cur:
+        cur.execute("UPDATE gen_durable SET updated_at = now() - interval '2 days' WHERE id = %s", [id_])
+    gc(retention=86400, batch=100)
+    assert gd.await_result(id_, timeout=5).status == "not_found"
+
+
+def test_await_result_answers_when_the_engine_completes_the_row(engine, queue_name):
+    engine({queue_name: 2}, reaper=False, gc=False)
+    id_ = gd.insert(Plain, queue=queue_name)
+    result = gd.await_result(id_, timeout=10)
+    assert result.status == "done" and result.result == {}
+
+
+def test_the_async_twin_answers_inside_an_event_loop(engine, queue_name):
+    engine({queue_name: 2}, reaper=False, gc=False)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(ThreadPoolExecutor(1))  # aawait_result's thread, observable
+        id_ = await gd.ainsert(Plain, queue=queue_name)
+        await sync_to_async(lambda: connection.close())()  # ainsert's (thread-sensitive) thread
+        result = await gd.aawait_result(id_, timeout=10)
+        left_open = await loop.run_in_executor(None, lambda: connection.connection is not None)
+        return id_, result, left_open
+
+    id_, result, left_open = asyncio.run(main())
+    assert result.status == "done" and result.snapshot.id == id_
+    assert not left_open  # the executor thread released its connection (CONN_MAX_AGE=0)
+
+
+def test_await_result_sees_a_signal_wake_through_to_done(engine, queue_name):
+    id_ = gd.insert(Recorder, queue=queue_name, state={"names": ["go"]})
+    engine({queue_name: 2}, reaper=False, gc=False)
+    assert gd.await_result(id_, timeout=10).status == "awaiting"
+    gd.signal(id_, "go", {"v": 3})
+    result = gd.await_result(id_, timeout=10, until="terminal")
+    assert result.status == "done" and result.result["awaited"][0]["payload"] == {"v": 3}
+
+
+# --- get ----------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_get_by_id_and_by_key_and_none_for_unknown(queue_name):
+    key = f"g-{queue_name}"
+    id_ = gd.insert(Recorder, queue=queue_name, state={"names": ["go"]}, correlation_key=key, priority=3)
+    by_id, by_key = gd.get(id_), gd.get(key)
+    assert by_id == by_key
+    assert (by_id.id, by_id.fsm, by_id.status, by_id.step, by_id.state, by_id.queue, by_id.priority,
+            by_id.correlation_key) == (id_, Recorder.name, "runnable", "start", {"names": ["go"]},
+                                       queue_name, 3, key)
+    assert gd.get(id_ + 1000) is None
+    assert gd.get(f"nope-{queue_name}") is None
+    with pytest.raises(gd.InvalidInput):
+        gd.get(1.5)

@@ -1,0 +1,162 @@
+"""The example project (example_project/): its machines, views and settings.
+
+The suite runs on tests.settings, where `shop` is not an installed app; importing
+shop.durable registers its machines, and the views are mounted with
+override_settings(ROOT_URLCONF="shop.urls"). One test boots the example project's
+own settings in a subprocess to check that gen_durable auto-discovers shop/durable.py.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.test import Client, override_settings
+
+import gen_durable as gd
+from gen_durable import registry
+from gen_durable.testing import assert_awaiting, assert_done, assert_failed, drain, fire_timeouts
+from shop.durable import Order, Pipeline, ShipParcel, send_receipt
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "example_project"
+SHOP_MACHINES = {Order: "shop.Order", ShipParcel: "shop.ShipParcel", Pipeline: "shop.Pipeline",
+                 send_receipt: "shop.send_receipt"}
+
+shop_urls = override_settings(ROOT_URLCONF="shop.urls")
+
+
+def post(client, url, body):
+    return client.post(url, body, content_type="application/json")
+
+
+def test_shop_machines_are_registered():
+    for cls, name in SHOP_MACHINES.items():
+        assert cls.name == name
+        assert registry.get(name, 1) is cls
+    assert set(Order.steps) == {"reserve_stock", "charge", "payment_received", "join_shipping", "release_stock"}
+    assert Order.queue == "orders" and send_receipt.queue == "email" and send_receipt.max_attempts == 5
+    assert send_receipt().backoff(0) == pytest.approx(0.2)
+
+
+def test_example_project_settings_autodiscover_the_shop():
+    """A fresh process on example_project.settings finds shop/durable.py with no import of it."""
+    code = ("import json; from gen_durable import registry; from django.conf import settings; "
+            "print(json.dumps({'machines': sorted(n for n, v in registry.all_machines() if n.startswith('shop.')), "
+            "'queues': settings.GEN_DURABLE['QUEUES'], "
+            "'options': settings.DATABASES['default']['OPTIONS']}))")
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "example_project.settings"}
+    out = subprocess.run([sys.executable, "manage.py", "shell", "-v", "0", "-c", code], cwd=EXAMPLE, env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    assert found["machines"] == sorted(SHOP_MACHINES.values())
+    assert set(found["queues"]) == {"orders", "email", "default"}
+    assert found["options"].items() >= {"server_side_binding": True, "prepare_threshold": 1}.items()
+
+
+@pytest.mark.django_db
+@shop_urls
+def test_order_flows_to_done_through_the_webhook_view():
+    client = Client()
+    resp = post(client, "/orders/", {"number": "t-100", "email": "ann@example.com",
+                                     "items": [{"sku": "mug", "qty": 2}, {"sku": "tee", "qty": 1}]})
+    assert resp.status_code == 201, resp.content
+    order = resp.json()
+    oid = order["id"]
+    assert order["order_key"] == "order:t-100" and order["total"] == "44.00"
+    assert order["webhook_url"] == "/webhooks/payment/order:t-100/"
+
+    # reserve_stock → charge → parked on the payment webhook
+    assert drain("orders")["await"] == 1
+    assert_awaiting(oid, "payment_confirmed")
+    parked = client.get(f"/orders/{oid}/result/?timeout=0").json()
+    assert parked["status"] == "awaiting" and parked["step"] == "payment_received"
+
+    # The provider calls back (twice: a redelivery with the same event id is stored once).
+    hook = {"event_id": "evt_t100", "amount": "44.00"}
+    resp = post(client, order["webhook_url"], hook)
+    assert resp.status_code == 202 and resp.json()["duplicate"] is False
+    resp = post(client, order["webhook_url"], hook)
+    assert resp.status_code == 202 and resp.json() == {"order_key": "order:t-100", "signal_id": None,
+                                                       "duplicate": True}
+
+    # payment_received → two ShipParcel children → join_shipping → done (+ a receipt job)
+    tally = drain("orders")
+    assert tally["schedule_children"] == 1 and tally["done"] == 3, tally
+    row = assert_done(oid)
+    assert row["result"] == {"order": "t-100", "total": "44.00", "payment_id": f"pi_{oid}",
+                             "tracking": [f"TRK{oid:09d}-0", f"TRK{oid:09d}-1"]}
+    result = client.get(f"/orders/{oid}/result/?timeout=1&until=terminal").json()
+    assert result["status"] == "done" and result["step"] == "join_shipping" and result["error"] is None
+    assert result["result"]["tracking"] == row["result"]["tracking"]
+
+    # The receipt is keyed by the order and its key stays reserved once sent.
+    assert drain("email")["done"] == 1
+    receipt = gd.get("receipt:order:t-100")
+    assert receipt.fsm == "shop.send_receipt" and receipt.status == "done"
+    assert receipt.result == {"sent_to": "ann@example.com", "order": "t-100", "attempts": 1}
+    with pytest.raises(gd.DuplicateInstance):
+        send_receipt.insert(args={}, correlation_key="receipt:order:t-100",
+                            correlation_scope=["runnable", "executing", "done", "failed"])
+
+    # A finished order takes no more webhooks; a second order with the same number is refused.
+    assert post(client, order["webhook_url"], hook).status_code == 404
+    assert post(client, "/orders/", {"number": "t-100"}).status_code == 201  # the key is free once done
+
+
+@pytest.mark.django_db
+@shop_urls
+def test_unpaid_order_times_out_and_bad_requests_are_refused():
+    client = Client()
+    resp = post(client, "/orders/", {"number": "t-200", "payment_timeout": 30})
+    oid = resp.json()["id"]
+    assert post(client, "/orders/", {"number": "t-200"}).status_code == 409  # live key
+    assert post(client, "/orders/", {"items": [{"sku": "unicorn"}]}).status_code == 400
+    assert post(client, "/orders/", {"payment_timeout": -1}).status_code == 400
+    assert client.post("/orders/", "not json", content_type="application/json").status_code == 400
+    assert client.get("/orders/").status_code == 405
+    assert post(client, "/webhooks/payment/order:nobody/", {}).status_code == 404
+    assert client.get("/orders/999999999/result/?timeout=0").status_code == 404
+    assert client.get(f"/orders/{oid}/result/?timeout=-1").status_code == 400
+
+    drain("orders")
+    assert_awaiting(oid, "payment_confirmed")
+    assert fire_timeouts() >= 1
+    drain("orders")
+    assert_failed(oid, "payment not confirmed within 30s; reservation res-order:t-200 released")
+    result = client.get(f"/orders/{oid}/result/?timeout=0").json()
+    assert result["status"] == "failed" and result["step"] == "release_stock"
+
+
+@pytest.mark.django_db
+@shop_urls
+def test_wrong_amount_and_missing_stock_fail_the_order():
+    client = Client()
+    short = post(client, "/orders/", {"number": "t-300", "items": [{"sku": "cap", "qty": 1}]}).json()
+    big = post(client, "/orders/", {"number": "t-301", "items": [{"sku": "poster", "qty": 5}]}).json()
+    drain("orders")
+    assert_failed(big["id"], "only 3 poster in stock, 5 ordered")
+    assert post(client, short["webhook_url"], {"amount": "1.00"}).status_code == 202
+    drain("orders")
+    assert_failed(short["id"], "paid '1.00', due 15.25")
+
+
+@pytest.mark.django_db
+def test_send_receipt_retries_then_gives_up():
+    flaky = send_receipt.insert(args={"order": "r1", "email": "bob@example.com", "fail_first": 2})
+    hopeless = send_receipt.insert(args={"order": "r2", "fail_first": 99})
+    tally = drain("email")
+    assert tally["retry"] == 2 + 4 and tally["done"] == 1 and tally["stop"] == 1, tally
+    assert_done(flaky, {"sent_to": "bob@example.com", "order": "r1", "attempts": 3})
+    assert_failed(hopeless, "SMTP server unavailable (simulated, attempt 5)")
+
+
+@pytest.mark.django_db
+def test_pipeline_runs_five_steps():
+    ids = gd.insert_all([gd.Spec(Pipeline, state={"n": n}) for n in range(3)])
+    tally = drain("default")
+    assert tally["next"] >= 12 and tally["done"] >= 3
+    for n, id_ in enumerate(ids):
+        assert_done(id_, {"n": n, "bucket": n})

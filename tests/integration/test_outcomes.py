@@ -1,0 +1,268 @@
+"""Outcomes at the flush level and through the executor (SPEC §1 Outcomes, §4.3, §9;
+behaviours FL-03/04, OUT-02/03/05/08/10/13, SIG-08).
+
+Rows are claimed with the production pick for a named worker, outcomes are built with
+`executor.to_entry` (or `executor.execute`) and committed with `flusher.flush` — the
+same path the engine takes, one call at a time.
+"""
+
+import datetime as dt
+
+import pytest
+from django.db import connection
+
+import gen_durable as gd
+from gen_durable import telemetry
+from gen_durable.models import Instance, Signal
+from gen_durable.testing import drain
+from gen_durable.worker import claims, executor, maintenance
+from gen_durable.worker.flusher import flush
+from tests.conftest import wait_until
+from tests.durable_app.durable import BadResult, BadReturn, Flow, Handled, HandleRaises
+from tests.factories import InstanceFactory, SignalFactory
+
+W = "worker-a"
+
+
+@pytest.fixture
+def events():
+    """Telemetry events (name, measurements, metadata) emitted during the test."""
+    seen = []
+
+    def handler(event, measurements, metadata):
+        seen.append((event, measurements, metadata))
+
+    telemetry.attach("", handler)
+    yield seen
+    telemetry.detach(handler)
+
+
+def db_now():
+    with connection.cursor() as cur:
+        cur.execute("SELECT now()")
+        return cur.fetchone()[0]
+
+
+def rows(queue, n, **kw):
+    return [InstanceFactory(fsm="tests.Flow", queue=queue, **kw) for _ in range(n)]
+
+
+def claim(queue, worker=W, ttl=60, limit=100):
+    return {j.id: j for j in claims.pick(queue, limit, worker, ttl)}
+
+
+def entry(outcome, job, consumed=()):
+    return executor.to_entry(outcome, Flow, job, consumed=consumed, presented=consumed)
+
+
+# --- flush level ---------------------------------------------------------------------
+
+@pytest.mark.django_db
+def test_mixed_batch_of_next_retry_done_stop_commits_each_row_in_one_flush(queue_name):
+    a, b, c, d = rows(queue_name, 4, state={"n": 0})
+    jobs = claim(queue_name)
+    result = flush([
+        entry(gd.Next("second", state={"n": 1}), jobs[a.id]),
+        entry(gd.Retry(state={"n": 2}), jobs[b.id]),
+        entry(gd.Done({"ok": True}), jobs[c.id]),
+        entry(gd.Stop("boom"), jobs[d.id]),
+    ])
+    assert result.committed == {a.id: "runnable", b.id: "runnable", c.id: "done", d.id: "failed"}
+    assert result.stale == []
+    got = {r.id: r for r in Instance.objects.filter(id__in=[a.id, b.id, c.id, d.id])}
+    assert (got[a.id].step, got[a.id].state, got[a.id].attempt) == ("second", {"n": 1}, 0)
+    assert (got[b.id].step, got[b.id].state, got[b.id].attempt) == ("start", {"n": 2}, 1)
+    assert (got[c.id].status, got[c.id].result) == ("done", {"ok": True})
+    assert (got[d.id].status, got[d.id].last_error) == ("failed", "boom")
+    assert all(r.locked_by is None and r.lease_expires_at is None for r in got.values())
+
+
+@pytest.mark.django_db
+def test_stale_outcome_after_reap_commits_nothing_and_emits_outcome_stale(queue_name, events):
+    a, b = rows(queue_name, 2, state={"n": 0})
+    keep = SignalFactory(target=a, name="go")
+    SignalFactory(target=b, name="noise")
+    old = claim(queue_name, worker="old-worker", ttl=-1)  # an already-expired lease
+    assert sorted(maintenance.reap()) == sorted([a.id, b.id])
+    # A more urgent row claimed by the current worker shares the flush with the stale ones.
+    fresh = InstanceFactory(fsm="tests.Flow", queue=queue_name, priority=-1)
+    live = claim(queue_name, worker="new-worker", limit=1)
+    assert list(live) == [fresh.id]
+
+    result = flush([
+        entry(gd.Next("second", state={"n": 1}), old[a.id], consumed=(keep.id,)),
+        entry(gd.Done({"late": True}), old[b.id]),
+        entry(gd.Next("second"), live[fresh.id]),  # still commits (FL-04)
+    ])
+    assert sorted(e.id for e in result.stale) == sorted([a.id, b.id])
+    assert result.committed == {fresh.id: "runnable"}
+    for r in Instance.objects.filter(id__in=[a.id, b.id]):
+        assert (r.status, r.step, r.state, r.attempt, r.result) == ("runnable", "start", {"n": 0}, 1, None)
+    # No rider ran for the stale rows: neither the consume nor the terminal purge.
+    assert sorted(Signal.objects.filter(target_id__in=[a.id, b.id]).values_list("name", flat=True)) == \
+        ["go", "noise"]
+    stale_events = [(m, md) for e, m, md in events if e == "outcome.stale"]
+    assert sorted((md["id"], md["kind"]) for _, md in stale_events) == [(a.id, "next"), (b.id, "done")]
+    assert all(m == {"count": 1} and md["fsm"] == "tests.Flow" and md["step"] == "start"
+               for m, md in stale_events)
+
+
+@pytest.mark.django_db
+def test_stale_terminal_outcome_does_not_purge_the_inbox(queue_name, events):
+    (a,) = rows(queue_name, 1)
+    SignalFactory(target=a, name="keep")
+    old = claim(queue_name, worker="old-worker", ttl=-1)
+    maintenance.reap()
+    result = flush([entry(gd.Done({}), old[a.id])])
+    assert result.committed == {} and [e.id for e in result.stale] == [a.id]
+    assert Instance.objects.get(id=a.id).status == "runnable"
+    assert list(Signal.objects.filter(target_id=a.id).values_list("name", flat=True)) == ["keep"]
+    assert [(e, md["kind"]) for e, _, md in events if e == "outcome.stale"] == [("outcome.stale", "done")]
+
+
+@pytest.mark.django_db
+def test_outcome_of_another_worker_is_stale_and_the_row_stays_executing(queue_name):
+    (a,) = rows(queue_name, 1)
+    jobs = claim(queue_name)
+    forged = entry(gd.Done({}), jobs[a.id])
+    forged.worker = "someone-else"
+    result = flush([forged])
+    assert result.committed == {} and [e.id for e in result.stale] == [a.id]
+    r = Instance.objects.get(id=a.id)
+    assert (r.status, r.locked_by) == ("executing", W)
+
+
+@pytest.mark.django_db
+def test_next_releases_switches_or_keeps_the_concurrency_key(queue_name):
+    released = InstanceFactory(fsm="tests.Flow", queue=queue_name, concurrency_key="a")
+    switched = InstanceFactory(fsm="tests.Flow", queue=queue_name, concurrency_key="b")
+    kept = InstanceFactory(fsm="tests.Flow", queue=queue_name, concurrency_key="c")
+    jobs = claim(queue_name)
+    flush([
+        entry(gd.Next("second", concurrency_key=None), jobs[released.id]),
+        entry(gd.Next("second", concurrency_key="b2"), jobs[switched.id]),
+        entry(gd.Next("second"), jobs[kept.id]),
+    ])
+    keys = dict(Instance.objects.filter(queue=queue_name).values_list("id", "concurrency_key"))
+    assert keys == {released.id: None, switched.id: "b2", kept.id: "c"}
+    # The released key is free: a sibling on "a" is claimable while the first row runs on.
+    sibling = InstanceFactory(fsm="tests.Flow", queue=queue_name, concurrency_key="a")
+    assert sibling.id in claim(queue_name)
+
+
+@pytest.mark.django_db
+def test_retry_keeps_awaits_rate_limit_and_signals_and_schedules_by_the_db_clock(queue_name):
+    (a,) = rows(queue_name, 1, awaits=["go", "stop"], rate_limit="api:7", weight=2.0)
+    go = SignalFactory(target=a, name="go")
+    jobs = claim(queue_name)
+    result = flush([entry(gd.Retry(delay=dt.timedelta(seconds=5)), jobs[a.id])])
+    assert result.committed == {a.id: "runnable"}
+    r = Instance.objects.get(id=a.id)
+    assert (r.awaits, r.rate_limit, r.weight, r.attempt, r.step) == (["go", "stop"], "api:7", 2.0, 1, "start")
+    # One transaction, one now(): the flush's eligible_at is exactly now() + delay.
+    assert r.eligible_at - db_now() == dt.timedelta(seconds=5)
+    assert list(Signal.objects.filter(target_id=a.id).values_list("id", flat=True)) == [go.id]
+
+
+@pytest.mark.django_db
+def test_next_clears_awaits_and_takes_the_new_steps_rate_limit(queue_name):
+    (a,) = rows(queue_name, 1, awaits=["go"], rate_limit="api:7", weight=2.0)
+    jobs = claim(queue_name)
+    flush([entry(gd.Next("second", rate_limit=("stripe", 3), weight=4), jobs[a.id])])
+    r = Instance.objects.get(id=a.id)
+    assert (r.awaits, r.rate_limit, r.weight, r.attempt) == (None, "stripe:3", 4.0, 0)
+
+
+@pytest.mark.django_db
+def test_done_and_stop_purge_the_whole_inbox_and_next_consumes_exactly_its_ids(queue_name):
+    done, stopped, progressed = rows(queue_name, 3, awaits=["go"])
+    for r in (done, stopped, progressed):
+        SignalFactory(target=r, name="go")
+        SignalFactory(target=r, name="other")
+    bystander = InstanceFactory(queue=queue_name + "-other")
+    SignalFactory(target=bystander, name="go")
+    jobs = claim(queue_name)
+    handed = tuple(s.id for s in jobs[progressed.id].inbox if s.name == "go")
+    flush([
+        entry(gd.Done({}), jobs[done.id]),
+        entry(gd.Stop("x"), jobs[stopped.id]),
+        entry(gd.Next("second"), jobs[progressed.id], consumed=handed),
+    ])
+    names = lambda r: list(Signal.objects.filter(target_id=r.id).values_list("name", flat=True))  # noqa: E731
+    assert names(done) == [] and names(stopped) == []
+    assert names(progressed) == ["other"]
+    assert names(bystander) == ["go"]
+
+
+# --- executor ------------------------------------------------------------------------
+
+@pytest.mark.django_db
+def test_an_exception_in_a_step_goes_to_handle_with_no_inputs(queue_name):
+    a = InstanceFactory(fsm="tests.Handled", queue=queue_name, awaits=["go"])
+    SignalFactory(target=a, name="go")
+    (job,) = claims.pick(queue_name, 1, W, 60)
+    assert [s.name for s in job.inbox] == ["go"]
+    e = executor.execute(job)
+    assert e.kind == "done" and e.consumed == ()
+    assert flush([e]).committed == {a.id: "done"}
+    result = Instance.objects.get(id=a.id).result
+    assert "step boom" in result["error"] and (result["awaited"], result["all"]) == (0, 0)
+
+
+@pytest.mark.django_db
+def test_handle_raising_fails_the_instance_with_handles_message(queue_name):
+    id_ = gd.insert(HandleRaises, queue=queue_name)
+    assert drain(queue=queue_name)["stop"] == 1
+    r = Instance.objects.get(id=id_)
+    assert (r.status, r.attempt) == ("failed", 0)
+    assert "handle boom" in r.last_error and "step boom" in r.last_error
+
+
+@pytest.mark.django_db
+def test_invalid_return_value_reaches_handle_as_a_type_error_naming_machine_and_step(queue_name):
+    id_ = gd.insert(BadReturn, queue=queue_name)
+    drain(queue=queue_name)
+    r = Instance.objects.get(id=id_)
+    assert r.status == "failed"
+    assert r.last_error.startswith("handled InvalidOutcome (TypeError: True)")
+    assert "tests.BadReturn.start returned 42" in r.last_error
+
+
+@pytest.mark.django_db
+def test_unencodable_done_result_fails_promptly_with_a_json_message(queue_name):
+    id_ = gd.insert(BadResult, queue=queue_name)
+    (job,) = claims.pick(queue_name, 1, W, 60)
+    e = executor.execute(job)  # serialisation happens inside the guarded region
+    assert e.kind == "stop"
+    flush([e])
+    r = Instance.objects.get(id=id_)
+    assert (r.status, r.attempt) == ("failed", 0)
+    assert "JSON" in r.last_error and "tests.BadResult" in r.last_error
+
+
+@pytest.mark.django_db
+def test_handled_step_runs_through_drain(queue_name):
+    id_ = gd.insert(Handled, queue=queue_name)
+    assert drain(queue=queue_name)["done"] == 1
+    assert "step boom" in Instance.objects.get(id=id_).result["error"]
+
+
+@pytest.fixture
+def committed(clean_tables):
+    yield
+    with connection.cursor() as cur:
+        cur.execute("TRUNCATE gen_durable, gen_durable_signals RESTART IDENTITY CASCADE")
+
+
+def test_unknown_machine_fails_with_a_clear_error_and_the_engine_keeps_going(committed, engine, queue_name):
+    unknown = InstanceFactory(fsm="nope.Nope", queue=queue_name)
+    plain = [gd.insert(Flow, queue=queue_name) for _ in range(5)]
+    engine({queue_name: 2})
+    wait_until(lambda: Instance.objects.filter(queue=queue_name, status__in=["done", "failed"]).count() == 6,
+               what="all six rows terminal")
+    r = Instance.objects.get(id=unknown.id)
+    assert (r.status, r.attempt) == ("failed", 0)
+    assert "'nope.Nope' version 1" in r.last_error and "no gen_durable machine registered" in r.last_error
+    assert set(Instance.objects.filter(id__in=plain).values_list("status", flat=True)) == {"done"}
+    later = gd.insert(Flow, queue=queue_name)
+    wait_until(lambda: Instance.objects.get(id=later).status == "done", what="a later row done")

@@ -1,0 +1,82 @@
+"""`manage.py rundurable` (SPEC §5): burst runs, argument validation, --processes."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import connection
+
+import gen_durable as gd
+from gen_durable.models import Instance
+from tests.durable_app.durable import Counter, Recorder
+
+ROOT = Path(__file__).resolve().parents[2]
+MANAGE = [sys.executable, str(ROOT / "tests" / "manage.py")]
+# --skip-checks: tests.settings installs the admin without its middleware (admin.E408-410).
+
+
+@pytest.fixture
+def committed(clean_tables):
+    yield
+    with connection.cursor() as cur:
+        cur.execute("TRUNCATE gen_durable, gen_durable_signals RESTART IDENTITY CASCADE")
+
+
+@pytest.fixture
+def keep_signal_handlers():
+    """rundurable installs SIGTERM/SIGINT handlers in the process it runs in."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    yield
+    for s, handler in saved.items():
+        signal.signal(s, handler)
+
+
+def child_env(**gen_durable):
+    """Environment of a worker subprocess: the test database, optional GEN_DURABLE keys."""
+    env = dict(os.environ, DJANGO_SETTINGS_MODULE="tests.settings",
+               GEN_DURABLE_TEST_DB_NAME=connection.settings_dict["NAME"])
+    if gen_durable:
+        env["GEN_DURABLE_TEST_SETTINGS"] = json.dumps(gen_durable)
+    return env
+
+
+def test_burst_runs_a_batch_to_completion_and_returns(committed, keep_signal_handlers, queue_name):
+    ids = gd.insert_all([gd.Spec(Counter, state={"target": 3}, queue=queue_name) for _ in range(20)])
+    call_command("rundurable", "--burst", "--queue", f"{queue_name}=2", "--no-gc", verbosity=0)
+    rows = Instance.objects.filter(id__in=ids)
+    assert {(r.status, r.result["count"]) for r in rows} == {("done", 3)}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--queue", "=3"], "--queue needs a name"),
+    (["--queue", "a=0"], "needs N >= 1"),
+    (["--queue", "a=x"], "needs an integer N"),
+    (["--processes", "0"], "expected a positive integer"),
+])
+def test_bad_arguments_are_argparse_errors(argv, message):
+    with pytest.raises(CommandError, match=message):
+        call_command("rundurable", *argv)
+
+
+def test_two_processes_in_burst_mode_exit_0_with_every_row_done(committed, queue_name, tmp_path):
+    log = tmp_path / "steps.log"
+    ids = gd.insert_all([gd.Spec(Recorder, state={"log": str(log), "sleep": 0.3}, queue=queue_name)
+                         for _ in range(30)])
+    proc = subprocess.run(MANAGE + ["rundurable", "--processes", "2", "--burst", "--queue", f"{queue_name}=3",
+                                    "--verbosity", "0", "--skip-checks"],
+                          cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert set(Instance.objects.filter(id__in=ids).values_list("status", flat=True)) == {"done"}
+    by_pid = defaultdict(set)
+    for line in log.read_text().splitlines():
+        id_, _attempt, what, pid = line.split()
+        if what == "end":
+            by_pid[pid].add(int(id_))
+    assert len(by_pid) == 2, "both worker processes ran steps"
+    assert sorted(i for ran in by_pid.values() for i in ran) == sorted(ids)  # each once

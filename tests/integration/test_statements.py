@@ -1,0 +1,92 @@
+"""Statement counts of the hot path (SPEC §8; behaviours PERF-01/02/05/06).
+
+Counted with `django_assert_num_queries` (every statement sent through Django's
+connection). The flush tests use committed rows (`transactional_db`) so its
+`transaction.atomic()` is a real transaction, which Django logs as BEGIN and COMMIT
+(the original counts them too: PERF-05 "BEGIN, one UPDATE, COMMIT"), instead of
+savepoints inside the test's transaction.
+"""
+
+import pytest
+from django.db import connection
+
+import gen_durable as gd
+from gen_durable.outcomes import Next
+from gen_durable.worker import claims, executor
+from gen_durable.worker.flusher import flush
+from tests.durable_app.durable import Counter, Flow, Plain
+
+WORKER = "stmt-worker"
+
+
+@pytest.fixture
+def committed(clean_tables):
+    """Committed rows, removed again at teardown (drain() in other tests sees every queue)."""
+    yield
+    with connection.cursor() as cur:
+        cur.execute("TRUNCATE gen_durable, gen_durable_signals RESTART IDENTITY CASCADE")
+
+
+def claimed(queue, n, machine=Counter):
+    gd.insert_all([gd.Spec(machine, queue=queue) for _ in range(n)])
+    jobs = claims.pick(queue, n, WORKER, 60)
+    assert len(jobs) == n
+    return jobs
+
+
+@pytest.mark.django_db
+def test_empty_pick_is_one_statement(django_assert_num_queries, queue_name):
+    with django_assert_num_queries(1):
+        assert claims.pick(queue_name, 10, WORKER, 60) == []
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("n", [1, 5])
+def test_claiming_pick_is_three_statements_for_any_batch(django_assert_num_queries, queue_name, n):
+    gd.insert_all([gd.Spec(Plain, queue=queue_name) for _ in range(n)])
+    with django_assert_num_queries(3) as captured:
+        jobs = claims.pick(queue_name, 10, WORKER, 60)
+    assert len(jobs) == n
+    texts = [q["sql"] for q in captured.captured_queries]
+    assert "gen_durable_signals" in texts[1] and "parent_id" in texts[2]  # claim, inboxes, children
+
+
+@pytest.mark.django_db
+def test_insert_is_one_statement(django_assert_num_queries, queue_name):
+    with django_assert_num_queries(1):
+        gd.insert(Plain, queue=queue_name)
+
+
+def _flush_count(django_assert_num_queries, queue, n):
+    jobs = claimed(queue, n)
+    entries = [executor.to_entry(Next("start", state={"n": 1}), Counter, j, consumed=(), presented=())
+               for j in jobs]
+    with django_assert_num_queries(3) as captured:
+        result = flush(entries)
+    assert len(result.committed) == n and result.stale == []
+    return statements(captured)
+
+
+def statements(captured):
+    """The captured statements other than the transaction's BEGIN and COMMIT."""
+    return [q["sql"] for q in captured.captured_queries if q["sql"] not in ("BEGIN", "COMMIT")]
+
+
+def test_flush_of_plain_next_outcomes_is_one_statement_whatever_the_batch(
+        committed, django_assert_num_queries, queue_name):
+    big = _flush_count(django_assert_num_queries, queue_name + "a", 100)
+    small = _flush_count(django_assert_num_queries, queue_name + "b", 2)
+    assert len(big) == len(small) == 1
+    assert big[0].startswith("-- flush:")
+
+
+def test_executed_next_outcomes_flush_in_one_statement(committed, django_assert_num_queries, queue_name):
+    """The same bound for entries the executor builds from running steps."""
+    jobs = claimed(queue_name, 20, Flow)
+    entries = [executor.execute(j) for j in jobs]
+    assert {e.kind for e in entries} == {"next"}
+    with django_assert_num_queries(3) as captured:
+        result = flush(entries)
+    assert len(statements(captured)) == 1
+    assert set(result.committed.values()) == {"runnable"}
+

@@ -1,0 +1,194 @@
+"""Faults: kill -9, SIGTERM, start-up reclaim, dropped connections, long steps
+(SPEC §4.9, §5, §9; behaviours OUT-01/12, LSE-01/05/06).
+
+Workers run either as a `rundurable` child process (tests/manage.py, pointed at the
+test database) or in-process through the `engine` fixture. The `Recorder` machine
+logs every step start and end to a file, which outlives a killed process; its first
+run of an instance sleeps (the window to kill it in), re-runs do not.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+import gen_durable as gd
+from gen_durable import telemetry
+from gen_durable.models import Instance
+from gen_durable.worker.supervisor import worker_prefix
+from tests.conftest import wait_until
+from tests.durable_app.durable import Recorder, SlowCounter
+from tests.factories import InstanceFactory
+
+ROOT = Path(__file__).resolve().parents[2]
+# --skip-checks: tests.settings installs the admin without its middleware (admin.E408-410).
+RUNDURABLE = [sys.executable, str(ROOT / "tests" / "manage.py"), "rundurable", "--skip-checks",
+              "--verbosity", "0"]
+
+
+@pytest.fixture
+def committed(clean_tables):
+    yield
+    with connection.cursor() as cur:
+        cur.execute("TRUNCATE gen_durable, gen_durable_signals RESTART IDENTITY CASCADE")
+
+
+@pytest.fixture
+def events():
+    seen = []
+
+    def handler(event, measurements, metadata):
+        seen.append((event, measurements, metadata))
+
+    telemetry.attach("", handler)
+    yield seen
+    telemetry.detach(handler)
+
+
+@pytest.fixture
+def worker_process():
+    """Start `rundurable` children; any still running at teardown is killed."""
+    procs = []
+
+    def start(*args, **gen_durable):
+        env = dict(os.environ, DJANGO_SETTINGS_MODULE="tests.settings",
+                   GEN_DURABLE_TEST_DB_NAME=connection.settings_dict["NAME"])
+        if gen_durable:
+            env["GEN_DURABLE_TEST_SETTINGS"] = json.dumps(gen_durable)
+        proc = subprocess.Popen(RUNDURABLE + list(args), cwd=ROOT, env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def log_lines(path):
+    """(id, attempt, "start"|"end", pid) per line of a Recorder log."""
+    if not path.exists():
+        return []
+    return [(int(i), int(a), what, int(pid)) for i, a, what, pid in
+            (line.split() for line in path.read_text().splitlines() if line.strip())]
+
+
+def tally(path, what):
+    return Counter(i for i, _, w, _ in log_lines(path) if w == what)
+
+
+def statuses(queue):
+    return Counter(Instance.objects.filter(queue=queue).values_list("status", flat=True))
+
+
+@pytest.mark.slow
+def test_kill_9_mid_step_reruns_the_step_and_every_instance_ends_once(
+        committed, engine, worker_process, queue_name, tmp_path):
+    log, hold = tmp_path / "steps.log", tmp_path / "hold"
+    hold.touch()  # first runs sleep while it exists
+    ids = gd.insert_all([gd.Spec(Recorder, state={"log": str(log), "hold": str(hold), "sleep": 60},
+                                 queue=queue_name) for _ in range(8)])
+    proc = worker_process("--queue", f"{queue_name}=4", "--no-gc")
+    wait_until(lambda: len(tally(log, "start")) == 4, timeout=60, what="four steps in flight")
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    killed = set(tally(log, "start"))
+    executing = Instance.objects.filter(queue=queue_name, status="executing")
+    assert set(executing.values_list("id", flat=True)) == killed
+    assert all(r.locked_by.startswith(worker_prefix(queue_name)) for r in executing)
+    hold.unlink()
+
+    engine({queue_name: 4})  # a new worker: start-up reclaim or the reaper returns the rows
+    wait_until(lambda: statuses(queue_name) == {"done": 8}, timeout=30, what="all eight done")
+    starts, ends = tally(log, "start"), tally(log, "end")
+    assert ends == {i: 1 for i in ids}, "every step completed exactly once"
+    assert starts == {i: 2 if i in killed else 1 for i in ids}, "the killed steps re-ran"
+
+
+@pytest.mark.slow
+def test_sigterm_mid_burst_exits_0_and_loses_nothing(committed, engine, worker_process, queue_name, tmp_path):
+    log = tmp_path / "steps.log"
+    ids = gd.insert_all([gd.Spec(Recorder, state={"log": str(log), "sleep": 0.5}, queue=queue_name)
+                         for _ in range(12)])
+    proc = worker_process("--burst", "--queue", f"{queue_name}=2", PREFETCH=4)
+    wait_until(lambda: len(tally(log, "start")) >= 2, timeout=60, what="steps in flight")
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err[-3000:]
+
+    # In-flight steps finished within DRAIN_TIMEOUT; buffered claims went back unbumped.
+    assert statuses(queue_name)["executing"] == 0
+    started = set(tally(log, "start"))
+    assert set(tally(log, "end")) == started
+    assert set(Instance.objects.filter(id__in=started).values_list("status", flat=True)) == {"done"}
+    rest = Instance.objects.filter(queue=queue_name).exclude(id__in=started)
+    assert rest.exists(), "the burst was interrupted before the end"
+    assert {(r.status, r.attempt, r.locked_by) for r in rest} == {("runnable", 0, None)}
+
+    engine({queue_name: 4})
+    wait_until(lambda: statuses(queue_name) == {"done": 12}, timeout=30, what="all twelve done")
+    assert tally(log, "end") == {i: 1 for i in ids}
+    assert set(Instance.objects.filter(id__in=ids).values_list("attempt", flat=True)) == {0}
+
+
+def test_start_up_reclaims_a_dead_predecessors_decayed_claims_only(committed, engine, queue_name, events):
+    prefix = worker_prefix(queue_name)
+    dead = InstanceFactory(fsm="tests.Plain", queue=queue_name, status="executing", locked_by=prefix + "dead-1")
+    live = InstanceFactory(fsm="tests.Plain", queue=queue_name, status="executing", locked_by=prefix + "live-1")
+    with connection.cursor() as cur:  # the database's clock (§4.12); margin = 3 - 2 × 0.5 = 2 s
+        cur.execute("UPDATE gen_durable SET lease_expires_at = now() + interval '0.5 seconds' WHERE id = %s",
+                    [dead.id])
+        cur.execute("UPDATE gen_durable SET lease_expires_at = now() + interval '60 seconds' WHERE id = %s",
+                    [live.id])
+    live_lease = Instance.objects.get(id=live.id).lease_expires_at
+
+    engine({queue_name: 1})
+    wait_until(lambda: Instance.objects.get(id=dead.id).status == "done", what="the reclaimed row done")
+    assert Instance.objects.get(id=dead.id).attempt == 0  # released, not reaped
+    reclaimed = [(m, md) for e, m, md in events if e == "scheduler.reclaimed"]
+    assert reclaimed == [({"count": 1}, {"queue": queue_name})]
+    r = Instance.objects.get(id=live.id)
+    assert (r.status, r.locked_by, r.lease_expires_at) == ("executing", prefix + "live-1", live_lease)
+
+
+@pytest.mark.slow
+def test_worker_survives_terminated_connections_and_finishes_everything(committed, engine, queue_name):
+    ids = gd.insert_all([gd.Spec(SlowCounter, state={"target": 5, "sleep": 0.02}, queue=queue_name)
+                         for _ in range(40)])
+    sup = engine({queue_name: 4})
+    killed, done_at_kill = 0, []
+    for threshold in (10, 20, 30):
+        wait_until(lambda: statuses(queue_name)["done"] >= threshold, timeout=60, what=f"{threshold} done")
+        with connection.cursor() as cur:
+            cur.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                        "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+                        "AND backend_type = 'client backend'")
+            killed += cur.fetchone()[0]
+        done_at_kill.append(statuses(queue_name)["done"])
+    assert killed > 0 and max(done_at_kill) < 40, "connections were killed mid-run"
+    wait_until(lambda: statuses(queue_name) == {"done": 40}, timeout=60, what="all forty done")
+    assert {r.result["count"] for r in Instance.objects.filter(id__in=ids)} == {5}
+    assert sup.flusher._thread.is_alive()
+    assert all(s._thread.is_alive() for s in sup.schedulers.values())
+    if sup.listener is not None:
+        wait_until(lambda: sup.listener.connects >= 2, what="the listener to reconnect")
+
+
+@pytest.mark.slow
+def test_heartbeated_step_outliving_its_lease_runs_once(committed, engine, settings, queue_name, tmp_path):
+    settings.GEN_DURABLE = {**settings.GEN_DURABLE, "LEASE_TTL": 1, "HEARTBEAT_INTERVAL": 0.2}
+    log = tmp_path / "steps.log"
+    id_ = gd.insert(Recorder, state={"log": str(log), "sleep": 2.5}, queue=queue_name)  # 2.5 × the lease
+    engine({queue_name: 1})
+    wait_until(lambda: Instance.objects.get(id=id_).status == "done", timeout=30, what="the long step done")
+    assert [(a, w) for i, a, w, _ in log_lines(log)] == [(0, "start"), (0, "end")]
+    r = Instance.objects.get(id=id_)
+    assert (r.attempt, r.result) == (0, {"attempt": 0})
