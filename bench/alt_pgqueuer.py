@@ -1,0 +1,141 @@
+"""pgqueuer: drain of 20,000 no-op jobs from a pre-filled queue.
+
+Schema: pgqueuer's own installer (``Queries.install()``, what ``pgq install`` runs),
+default durability ``durable`` (every table logged, like gen_durable's).
+
+Pre-fill (timed separately as enqueue): one batched ``Queries.enqueue`` call with
+lists (pgqueuer's batch-insert path), in chunks of ``ENQUEUE_CHUNK``.
+
+Drain: ``CONSUMERS`` PgQueuer instances, each on its own asyncpg connection, in one
+process under uvloop (the shape of pgqueuer's own ``tools/benchmark.py`` drain
+strategy), each ``run(batch_size=BATCH, mode=drain)`` with one ``async def`` no-op
+entrypoint. The clock starts just before the consumers start and stops when every
+consumer has returned: drain mode returns once the queue is empty and in-flight jobs
+finished, and the completion-log buffer (pgqueuer moves each finished job from the
+queue table to ``pgqueuer_log`` in batches) is flushed on exit — so the stop time is
+"all 20,000 recorded as successful". Afterwards the queue table must be empty and the
+log must hold 20,000 'successful' rows, else the run is rejected.
+
+Knobs (tuned on the 2-core bench machine, see bench/README.md): batch_size=100,
+2 consumers, uvloop, asyncpg driver, no max_concurrent_tasks cap.
+
+Standalone: ``bench/.venv/bin/python bench/alt_pgqueuer.py [--runs N] [--batch B] [--consumers C]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import time
+from datetime import timedelta
+
+import harness
+
+N = 20_000
+BATCH = 100
+CONSUMERS = 2
+ENQUEUE_CHUNK = 5_000
+TIMEOUT_S = 110.0
+
+
+async def _drain(url: str, n: int, batch: int, consumers: int, timeout: float) -> dict:
+    import asyncpg
+    from pgqueuer import PgQueuer
+    from pgqueuer.db import AsyncpgDriver
+    from pgqueuer.queries import Queries
+    from pgqueuer.types import QueueExecutionMode
+
+    conn = await asyncpg.connect(dsn=url)
+    try:
+        queries = Queries(AsyncpgDriver(conn))
+        await queries.install()
+
+        t0 = time.perf_counter()
+        left = n
+        while left:
+            k = min(ENQUEUE_CHUNK, left)
+            await queries.enqueue(["noop"] * k, [None] * k, [0] * k)
+            left -= k
+        enqueue_s = time.perf_counter() - t0
+        harness.settle(url)  # ANALYZE + CHECKPOINT (blocking is fine: nothing else runs yet), never timed
+
+        conns = [await asyncpg.connect(dsn=url) for _ in range(consumers)]
+        completed = 0
+        pgqs = []
+        for c in conns:
+            pgq = PgQueuer(AsyncpgDriver(c))
+
+            @pgq.entrypoint("noop")
+            async def noop(job) -> None:  # the job body: nothing
+                nonlocal completed
+                completed += 1
+
+            pgqs.append(pgq)
+        try:
+            t0 = time.perf_counter()
+            cpu0 = time.process_time()
+            await asyncio.wait_for(
+                asyncio.gather(*(
+                    p.run(batch_size=batch, mode=QueueExecutionMode.drain,
+                          dequeue_timeout=timedelta(seconds=1))
+                    for p in pgqs
+                )),
+                timeout,
+            )
+            elapsed = time.perf_counter() - t0
+            client_cpu_s = time.process_time() - cpu0
+        except asyncio.TimeoutError:
+            for p in pgqs:
+                p.shutdown.set()
+            raise harness.BenchTimeout(f"pgqueuer drain: {completed}/{n} after {timeout:.0f}s")
+        finally:
+            for c in conns:
+                await c.close()
+
+        queued = await conn.fetchval("SELECT count(*) FROM pgqueuer")
+        ok = await conn.fetchval("SELECT count(*) FROM pgqueuer_log WHERE status = 'successful'")
+    finally:
+        await conn.close()
+    if queued != 0 or ok != n or completed != n:
+        raise harness.BenchError(f"pgqueuer: queue left {queued}, logged successful {ok}, ran {completed}, expected {n}")
+    return {
+        "rate": n / elapsed,
+        "unit": "jobs/s",
+        "n": n,
+        "elapsed_s": elapsed,
+        "enqueue_s": enqueue_s,
+        "enqueue_rate": n / enqueue_s,
+        "client_cpu_s": client_cpu_s,  # CPU of the consumer process during the drain
+        "knobs": {"batch_size": batch, "consumers": consumers, "driver": "asyncpg",
+                  "loop": "uvloop", "durability": "durable", "mode": "drain"},
+        "note": "consumers = PgQueuer instances in one process, one asyncpg connection each; "
+                "done = queue table empty and 20k 'successful' rows in pgqueuer_log",
+    }
+
+
+def workload(url: str, *, n: int = N, batch: int = BATCH, consumers: int = CONSUMERS,
+             timeout: float = TIMEOUT_S) -> dict:
+    import uvloop
+
+    logging.getLogger("pgqueuer").setLevel(logging.WARNING)
+    return uvloop.run(_drain(url, n, batch, consumers, timeout))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description="pgqueuer drain benchmark")
+    ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--n", type=int, default=N)
+    ap.add_argument("--batch", type=int, default=BATCH)
+    ap.add_argument("--consumers", type=int, default=CONSUMERS)
+    ap.add_argument("--save", action="store_true", help="merge into bench/results/")
+    a = ap.parse_args()
+    s = harness.run_benchmark(
+        "pgqueuer", lambda u: workload(u, n=a.n, batch=a.batch, consumers=a.consumers), a.runs)
+    harness.print_table([s])
+    if a.save:
+        harness.save_results([s], env=harness.environment())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,515 @@
+"""Common benchmark harness: scratch databases, repeated runs, results files.
+
+A *workload* is a callable ``fn(db_url: str) -> dict`` that does one complete,
+self-bounded measurement against the (empty, freshly created) database at ``db_url``
+and returns a measurement dict:
+
+    rate          float, required: the headline number (e.g. jobs completed per second)
+    unit          str, default "jobs/s"
+    n             int: how many jobs/rows the rate is over
+    elapsed_s     float: the timed window the rate was computed from
+    enqueue_s     float, optional: time to pre-fill the queue (NOT in the rate)
+    enqueue_rate  float, optional: n / enqueue_s
+    knobs         dict, optional: the settings used (batch size, concurrency, ...)
+    note          str, optional: anything a reader must know to interpret the number
+
+`run_benchmark` calls a workload ``runs`` times, each on its own scratch database
+``bench_<name>`` created on the server at BENCH_DATABASE_URL and dropped afterwards,
+and reduces the rates to median and min–max. `save_results` merges summaries into
+``bench/results/results.json`` (keyed by benchmark name; other entries are kept) and
+regenerates ``bench/results/results.md`` from the merged set.
+
+Only a server on this machine is accepted (127.0.0.1/localhost/::1 or a Unix socket).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import importlib.metadata
+import json
+import os
+import platform
+import re
+import resource
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Sequence
+from urllib.parse import parse_qs, unquote, urlencode, urlsplit, urlunsplit
+
+import psycopg
+
+BENCH_DIR = Path(__file__).resolve().parent
+ROOT = BENCH_DIR.parent
+RESULTS_DIR = BENCH_DIR / "results"
+RESULTS_JSON = RESULTS_DIR / "results.json"
+RESULTS_MD = RESULTS_DIR / "results.md"
+
+DEFAULT_SERVER_URL = "postgres://postgres@127.0.0.1:5432/postgres"
+DEFAULT_RUNS = 3
+DEFAULT_TIMEOUT_S = 120.0  # per single run; every workload enforces it itself
+
+LOCAL_HOSTS = {"", "127.0.0.1", "localhost", "::1", "[::1]"}
+
+Workload = Callable[[str], dict]
+
+
+class BenchError(RuntimeError):
+    """A workload could not produce a valid measurement."""
+
+
+class BenchTimeout(BenchError):
+    """A workload exceeded its time bound."""
+
+
+# --------------------------------------------------------------------------- URLs
+
+
+def server_url() -> str:
+    url = os.environ.get("BENCH_DATABASE_URL") or DEFAULT_SERVER_URL
+    check_local(url)
+    return url
+
+
+def _hosts(url: str) -> list[str]:
+    """Every host a libpq URL may connect to: the netloc host(s) and ?host=/?hostaddr=."""
+    parts = urlsplit(url)
+    hosts = []
+    for hp in parts.netloc.rsplit("@", 1)[-1].split(","):
+        if hp.startswith("["):
+            hosts.append(hp[1 : hp.index("]")])
+        else:
+            hosts.append(hp.split(":", 1)[0])
+    query = parse_qs(parts.query)
+    for key in ("host", "hostaddr"):
+        for h in query.get(key, []):
+            hosts.extend(h.split(","))
+    return hosts
+
+
+def check_local(url: str) -> None:
+    """Refuse any server that is not on this machine."""
+    if not url.startswith(("postgres://", "postgresql://")):
+        raise BenchError(f"BENCH_DATABASE_URL must be a postgres:// URL, got {url!r}")
+    for h in _hosts(url):
+        h = unquote(h)
+        if h in LOCAL_HOSTS or h.startswith("/") or h.startswith("127."):
+            continue
+        raise BenchError(f"refusing non-local database host {h!r}: benchmarks run against this machine only")
+
+
+def url_for_db(url: str, dbname: str) -> str:
+    """The same server URL pointing at database ``dbname``."""
+    parts = urlsplit(url)
+    query = parse_qs(parts.query)
+    query.pop("dbname", None)
+    return urlunsplit((parts.scheme, parts.netloc, "/" + dbname, urlencode(query, doseq=True), ""))
+
+
+def django_db_settings(url: str) -> dict:
+    """A Django DATABASES['default'] dict for a postgres URL (TCP or socket)."""
+    parts = urlsplit(url)
+    query = parse_qs(parts.query)
+    host = parts.hostname or ""
+    if "host" in query:
+        host = query["host"][0]
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": unquote(parts.path.lstrip("/")) or "postgres",
+        "USER": unquote(parts.username or "postgres"),
+        "PASSWORD": unquote(parts.password or ""),
+        "HOST": host,
+        "PORT": str(parts.port or (query.get("port", [""])[0])),
+    }
+
+
+def db_identifier(name: str) -> str:
+    ident = "bench_" + re.sub(r"[^a-z0-9_]", "_", name.lower())
+    return ident[:63]
+
+
+# ---------------------------------------------------------------- scratch databases
+
+
+@contextlib.contextmanager
+def scratch_database(name: str, server: str | None = None) -> Iterator[str]:
+    """Create database ``bench_<name>`` (dropping a leftover first), yield its URL, drop it."""
+    server = server or server_url()
+    check_local(server)
+    dbname = db_identifier(name)
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{dbname}"')
+    try:
+        yield url_for_db(server, dbname)
+    finally:
+        with psycopg.connect(server, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+
+
+BENCH_LOCK_KEY = 0x6764_6265_6E63  # "gdbenc": one benchmark at a time per server
+
+
+@contextlib.contextmanager
+def exclusive_bench(server: str | None = None, wait_s: float = 900.0) -> Iterator[None]:
+    """Hold a server-wide advisory lock so two bench processes never overlap.
+
+    Concurrent runs would share scratch database names and, worse, CPU: on a 2-core
+    machine any overlap invalidates both measurements. Waits up to ``wait_s``.
+    """
+    server = server or server_url()
+    conn = psycopg.connect(server, autocommit=True)
+    try:
+        deadline = time.monotonic() + wait_s
+        said = False
+        while not conn.execute("SELECT pg_try_advisory_lock(%s)", (BENCH_LOCK_KEY,)).fetchone()[0]:
+            if time.monotonic() > deadline:
+                raise BenchTimeout("another benchmark process holds the bench lock")
+            if not said:
+                print("  (waiting for another benchmark process to finish)", flush=True)
+                said = True
+            time.sleep(1)
+        yield
+    finally:
+        conn.close()  # session ends -> lock released
+
+
+def settle(url: str) -> None:
+    """ANALYZE + CHECKPOINT the scratch database after the pre-fill (never timed).
+
+    The bench server runs with autovacuum off, so without ANALYZE the drain would be
+    planned on a never-analyzed table (production has autovacuum's auto-analyze).
+    CHECKPOINT flushes the pre-fill's dirty pages so the timed drain does not pay for
+    them, and every drain starts in the same WAL state. Every workload calls this
+    between enqueue and drain so all are measured alike.
+    """
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("ANALYZE")
+        with contextlib.suppress(psycopg.errors.InsufficientPrivilege):
+            conn.execute("CHECKPOINT")
+
+
+def count(url: str, sql: str, params: Sequence | None = None) -> int:
+    with psycopg.connect(url, autocommit=True) as conn:
+        return int(conn.execute(sql, params).fetchone()[0])
+
+
+# ---------------------------------------------------------------- worker processes
+
+
+def _stop_process(proc: subprocess.Popen, grace: float = 5.0) -> None:
+    """Stop one process we started (and its own process group), by pid."""
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(5)
+
+
+def drain_with_processes(
+    cmds: Sequence[Sequence[str]],
+    *,
+    done_url: str,
+    done_sql: str,
+    expected: int,
+    env: dict | None = None,
+    cwd: str | Path | None = None,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    poll_interval: float = 0.05,
+    exit_grace: float = 15.0,
+) -> dict:
+    """Start worker processes, time until ``done_sql`` counts ``expected``, reap them.
+
+    The clock starts just before the first process is spawned (so interpreter/Django
+    start-up is inside the window, as it is for any real worker) and stops at the first
+    poll that sees all ``expected`` jobs complete; waiting for the workers to exit is
+    not timed. Workers still running ``exit_grace`` s after completion are stopped.
+    Raises BenchTimeout after ``timeout`` s, BenchError if every worker exited early.
+    Returns ``{"elapsed_s", "worker_exit_s", "workers_cpu_s", "log_tail"}`` —
+    workers_cpu_s is the workers' total CPU (user+sys, whole lifetime incl. start-up),
+    None if some worker had to be stopped.
+    """
+    logs = [tempfile.TemporaryFile(mode="w+b") for _ in cmds]
+    procs: list[subprocess.Popen] = []
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    with psycopg.connect(done_url, autocommit=True) as poll_conn:
+        start = time.perf_counter()
+        try:
+            for cmd, log in zip(cmds, logs):
+                procs.append(
+                    subprocess.Popen(
+                        list(cmd), env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL, start_new_session=True,
+                    )
+                )
+            while True:
+                done = int(poll_conn.execute(done_sql).fetchone()[0])
+                now = time.perf_counter()
+                if done >= expected:
+                    elapsed = now - start
+                    break
+                if all(p.poll() is not None for p in procs):
+                    # one more look: the last completion may have landed just now
+                    done = int(poll_conn.execute(done_sql).fetchone()[0])
+                    if done >= expected:
+                        elapsed = time.perf_counter() - start
+                        break
+                    raise BenchError(
+                        f"all workers exited with {done}/{expected} done "
+                        f"(exit codes {[p.returncode for p in procs]}):\n{_tail(logs)}"
+                    )
+                if now - start > timeout:
+                    raise BenchTimeout(f"{done}/{expected} done after {timeout:.0f}s:\n{_tail(logs)}")
+                time.sleep(poll_interval)
+            deadline = time.perf_counter() + exit_grace
+            for p in procs:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    p.wait(max(0.0, deadline - time.perf_counter()))
+            worker_exit_s = time.perf_counter() - start
+            ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            workers_cpu_s = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
+            return {"elapsed_s": elapsed, "worker_exit_s": worker_exit_s,
+                    "workers_cpu_s": workers_cpu_s if all(p.poll() is not None for p in procs) else None,
+                    "log_tail": _tail(logs, 800)}
+        finally:
+            for p in procs:
+                _stop_process(p)
+            for log in logs:
+                log.close()
+
+
+def _tail(logs: Iterable, chars: int = 3000) -> str:
+    out = []
+    for i, log in enumerate(logs):
+        with contextlib.suppress(Exception):
+            log.flush()
+            log.seek(0)
+            data = log.read().decode(errors="replace")
+            if data.strip():
+                out.append(f"--- worker {i} ---\n{data[-chars:]}")
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------- running
+
+
+def _cpu_times() -> tuple[int, int]:
+    with open("/proc/stat") as f:
+        vals = [int(x) for x in f.readline().split()[1:]]
+    idle = vals[3] + (vals[4] if len(vals) > 4 else 0)  # idle + iowait
+    return sum(vals), idle
+
+
+def cpu_busy(window: float = 1.0) -> float:
+    """Fraction of all CPUs busy over ``window`` seconds (0..1), from /proc/stat."""
+    try:
+        t0, i0 = _cpu_times()
+        time.sleep(window)
+        t1, i1 = _cpu_times()
+    except OSError:
+        return 0.0
+    return 0.0 if t1 == t0 else 1.0 - (i1 - i0) / (t1 - t0)
+
+
+def wait_for_quiet(max_busy: float | None = None, max_wait: float | None = None,
+                   log: Callable[[str], None] = print) -> float:
+    """Wait until the machine is quiet enough to measure; return the busy fraction seen.
+
+    On a 2-core box anything else running (a test suite, a build) halves the numbers.
+    Thresholds: BENCH_MAX_BUSY (default 0.25 of all CPUs) and BENCH_QUIET_WAIT
+    (default 300 s). If it never gets quiet the run goes ahead and the sample is
+    flagged (``busy_before`` in results.json).
+    """
+    max_busy = float(os.environ.get("BENCH_MAX_BUSY", 0.25)) if max_busy is None else max_busy
+    max_wait = float(os.environ.get("BENCH_QUIET_WAIT", 300)) if max_wait is None else max_wait
+    deadline = time.monotonic() + max_wait
+    busy = cpu_busy()
+    said = False
+    while busy > max_busy and time.monotonic() < deadline:
+        if not said:
+            log(f"  (machine busy: {busy:.0%} of CPUs; waiting up to {max_wait:.0f}s for quiet)")
+            said = True
+        busy = cpu_busy(2.0)
+    if busy > max_busy:
+        log(f"  WARNING: measuring on a busy machine ({busy:.0%} of CPUs busy before the run)")
+    return busy
+
+
+def environment() -> dict:
+    """What the numbers were measured on."""
+    info: dict[str, Any] = {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+    with contextlib.suppress(Exception):
+        with psycopg.connect(server_url(), autocommit=True) as conn:
+            info["postgres"] = conn.execute("SHOW server_version").fetchone()[0]
+            info["synchronous_commit"] = conn.execute("SHOW synchronous_commit").fetchone()[0]
+            info["shared_buffers"] = conn.execute("SHOW shared_buffers").fetchone()[0]
+            info["autovacuum"] = conn.execute("SHOW autovacuum").fetchone()[0]
+            info["fsync"] = conn.execute("SHOW fsync").fetchone()[0]
+    pkgs = {}
+    for dist in ("pgqueuer", "procrastinate", "django-tasks", "django-tasks-db", "Django",
+                 "psycopg", "asyncpg", "uvloop", "gen-durable"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            pkgs[dist] = importlib.metadata.version(dist)
+    info["packages"] = pkgs
+    return info
+
+
+def summarize(name: str, samples: list[dict]) -> dict:
+    rates = [s["rate"] for s in samples]
+    first = samples[0]
+
+    def med(key: str):
+        vals = [s[key] for s in samples if s.get(key) is not None]
+        return statistics.median(vals) if vals else None
+
+    return {
+        "name": name,
+        "unit": first.get("unit", "jobs/s"),
+        "n": first.get("n"),
+        "runs": len(samples),
+        "rate_median": statistics.median(rates),
+        "rate_min": min(rates),
+        "rate_max": max(rates),
+        "rates": rates,
+        "samples": [{k: v for k, v in x.items() if k not in ("knobs", "note", "unit", "n")}
+                    for x in samples],
+        "elapsed_s_median": med("elapsed_s"),
+        "enqueue_s_median": med("enqueue_s"),
+        "enqueue_rate_median": med("enqueue_rate"),
+        "knobs": first.get("knobs", {}),
+        "note": first.get("note", ""),
+        "busy_before_max": max(s.get("busy_before", 0.0) for s in samples),
+        "measured_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def run_benchmark(name: str, fn: Workload, runs: int = DEFAULT_RUNS, *, server: str | None = None,
+                  log: Callable[[str], None] = print) -> dict:
+    """Run ``fn`` ``runs`` times, each on a fresh scratch database; return the summary."""
+    if runs < 1:
+        raise ValueError("runs must be >= 1")
+    samples = []
+    for i in range(runs):
+        with exclusive_bench(server), scratch_database(name, server) as url:
+            busy = wait_for_quiet(log=log)
+            t0 = time.perf_counter()
+            sample = fn(url)
+            wall = time.perf_counter() - t0
+            load_after = os.getloadavg()[0]
+        if not isinstance(sample, dict) or not isinstance(sample.get("rate"), (int, float)):
+            raise BenchError(f"{name}: workload returned {sample!r}, expected a dict with 'rate'")
+        sample["busy_before"] = round(busy, 3)
+        sample["loadavg_after"] = round(load_after, 2)
+        samples.append(sample)
+        extra = ""
+        if sample.get("enqueue_rate"):
+            extra = f"  (enqueue {sample['enqueue_rate']:,.0f}/s)"
+        log(f"  {name} run {i + 1}/{runs}: {sample['rate']:,.0f} {sample.get('unit', 'jobs/s')}"
+            f"  over {sample.get('elapsed_s', 0):.2f}s{extra}  [wall {wall:.1f}s, "
+            f"busy before {busy:.0%}, load after {load_after:.1f}]")
+    return summarize(name, samples)
+
+
+# ---------------------------------------------------------------------- results
+
+
+def load_results(path: Path = RESULTS_JSON) -> dict:
+    if not path.exists():
+        return {"environment": {}, "benchmarks": {}}
+    data = json.loads(path.read_text())
+    data.setdefault("environment", {})
+    data.setdefault("benchmarks", {})
+    return data
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def save_results(summaries: Iterable[dict], *, env: dict | None = None) -> dict:
+    """Merge summaries into results.json (keyed by name) and regenerate results.md."""
+    data = load_results()
+    for s in summaries:
+        data["benchmarks"][s["name"]] = s
+    if env is not None:
+        data["environment"] = env
+    _atomic_write(RESULTS_JSON, json.dumps(data, indent=2, sort_keys=False) + "\n")
+    _atomic_write(RESULTS_MD, render_markdown(data))
+    return data
+
+
+def _fmt_rate(x: float | None) -> str:
+    return "–" if x is None else f"{x:,.0f}"
+
+
+def render_table(benchmarks: Iterable[dict]) -> str:
+    lines = [
+        "| benchmark | N | median | min–max | unit | runs | enqueue (median) |",
+        "|---|---:|---:|---:|---|---:|---:|",
+    ]
+    for b in benchmarks:
+        enq = b.get("enqueue_rate_median")
+        flag = " ⚠ busy" if (b.get("busy_before_max") or 0) > float(os.environ.get("BENCH_MAX_BUSY", 0.25)) else ""
+        lines.append(
+            f"| {b['name']}{flag} | {b.get('n') or '–':,} | {_fmt_rate(b['rate_median'])} | "
+            f"{_fmt_rate(b['rate_min'])}–{_fmt_rate(b['rate_max'])} | {b['unit']} | {b['runs']} | "
+            f"{_fmt_rate(enq) + ' /s' if enq else '–'} |"
+        )
+    return "\n".join(lines)
+
+
+def render_markdown(data: dict) -> str:
+    env = data.get("environment", {})
+    benches = list(data.get("benchmarks", {}).values())
+    out = [
+        "# Benchmark results",
+        "",
+        "Generated by `bench/run_all.py`; do not edit by hand (re-run to refresh). See",
+        "`bench/README.md` for what each number means. Rates are the median over `runs`",
+        "runs, each on a fresh scratch database; min–max is the spread across those runs.",
+        "\"⚠ busy\" marks a benchmark measured while something else was using the CPUs.",
+        "",
+        render_table(benches),
+        "",
+    ]
+    if env:
+        pk = ", ".join(f"{k} {v}" for k, v in env.get("packages", {}).items())
+        out += [
+            "## Environment",
+            "",
+            f"- CPUs: {env.get('cpus')}; Python {env.get('python')}; {env.get('platform')}",
+            f"- Postgres {env.get('postgres', '?')} (synchronous_commit={env.get('synchronous_commit', '?')},"
+            f" fsync={env.get('fsync', '?')}, autovacuum={env.get('autovacuum', '?')},"
+            f" shared_buffers={env.get('shared_buffers', '?')}); every workload runs ANALYZE + CHECKPOINT after its pre-fill",
+            f"- packages: {pk}",
+            "",
+        ]
+    out += ["## Knobs and notes", ""]
+    for b in benches:
+        knobs = ", ".join(f"`{k}={v}`" for k, v in (b.get("knobs") or {}).items())
+        out.append(f"- **{b['name']}** (measured {b.get('measured_at', '?')}): {knobs or 'no knobs'}")
+        if b.get("note"):
+            out.append(f"  — {b['note']}")
+    out.append("")
+    return "\n".join(out)
+
+
+def print_table(benchmarks: Iterable[dict], file=None) -> None:
+    print(render_table(benchmarks), file=file or sys.stdout)

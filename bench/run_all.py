@@ -1,0 +1,110 @@
+"""Run every registered benchmark workload and print/merge the results table.
+
+    bench/.venv/bin/python bench/run_all.py [--runs N] [--only NAME[,NAME...]] [--list]
+
+Each workload runs ``--runs`` times (default 3), each on a fresh scratch database
+``bench_<name>`` on the server at BENCH_DATABASE_URL (default
+postgres://postgres@127.0.0.1:5432/postgres). Results are merged into
+``bench/results/results.json`` and ``bench/results/results.md`` (keyed by name; entries
+not run this time are kept).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import alt_django_tasks_db  # noqa: E402
+import alt_pgqueuer  # noqa: E402
+import alt_procrastinate  # noqa: E402
+import harness  # noqa: E402
+import raw_ceiling  # noqa: E402
+
+# --------------------------------------------------------------------------------------
+# Registry: benchmark name -> workload callable ``fn(db_url: str) -> dict`` (contract in
+# harness.py). The name is also the scratch database suffix and the results key.
+# --------------------------------------------------------------------------------------
+
+RAW_WORKLOADS: dict[str, harness.Workload] = {
+    "raw_claim_complete": raw_ceiling.claim_complete,
+    "raw_insert_unnest": raw_ceiling.insert_unnest,
+    "raw_insert_unnest_text": lambda url: raw_ceiling.insert_unnest(url, text_params=True),
+}
+
+ALTERNATIVE_WORKLOADS: dict[str, harness.Workload] = {
+    "pgqueuer": alt_pgqueuer.workload,
+    "procrastinate": alt_procrastinate.workload,
+    "django_tasks_db": alt_django_tasks_db.workload,
+}
+
+# ======================================================================================
+# REGISTRATION POINT — gen_durable's own workloads go here (not written yet).
+#
+# Add entries name -> callable(db_url) -> dict, e.g.
+#     "gen_durable_drain": gen_durable_drain.workload,
+#     "gen_durable_insert_all": gen_durable_insert_all.workload,
+# A drain workload should: migrate the example project against db_url, pre-fill 20,000
+# no-op jobs (time it as enqueue_s), then time `python manage.py rundurable --burst`
+# subprocess(es) with DATABASE_URL=db_url via harness.drain_with_processes(...) until a
+# done-count query reaches 20,000 (call harness.settle(db_url) between pre-fill and
+# drain, as every workload here does), and return {"rate", "n", "elapsed_s", "enqueue_s",
+# "enqueue_rate", "knobs", "note"}.
+# ======================================================================================
+GEN_DURABLE_WORKLOADS: dict[str, harness.Workload] = {}
+
+WORKLOADS: dict[str, harness.Workload] = {
+    **GEN_DURABLE_WORKLOADS,
+    **ALTERNATIVE_WORKLOADS,
+    **RAW_WORKLOADS,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=harness.DEFAULT_RUNS, help="runs per benchmark (default 3)")
+    ap.add_argument("--only", default="", help="comma-separated benchmark names to run")
+    ap.add_argument("--list", action="store_true", help="list registered benchmarks and exit")
+    ap.add_argument("--no-save", action="store_true", help="print only; do not touch bench/results/")
+    a = ap.parse_args(argv)
+
+    if a.list:
+        for name in WORKLOADS:
+            print(name)
+        return 0
+    names = [n.strip() for n in a.only.split(",") if n.strip()] or list(WORKLOADS)
+    unknown = [n for n in names if n not in WORKLOADS]
+    if unknown:
+        print(f"unknown benchmark(s): {', '.join(unknown)}; known: {', '.join(WORKLOADS)}", file=sys.stderr)
+        return 2
+
+    print(f"server: {harness.server_url()}  runs: {a.runs}")
+    summaries, failed = [], []
+    for name in names:
+        print(f"== {name}")
+        t0 = time.perf_counter()
+        try:
+            summaries.append(harness.run_benchmark(name, WORKLOADS[name], a.runs))
+        except Exception:
+            failed.append(name)
+            traceback.print_exc()
+        print(f"   ({time.perf_counter() - t0:.0f}s)")
+    if summaries and not a.no_save:
+        harness.save_results(summaries, env=harness.environment())
+    print()
+    harness.print_table(summaries)
+    if not a.no_save:
+        print(f"\nmerged into {harness.RESULTS_JSON.relative_to(harness.ROOT)} and "
+              f"{harness.RESULTS_MD.relative_to(harness.ROOT)}")
+    if failed:
+        print(f"FAILED: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
