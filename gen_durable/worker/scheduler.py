@@ -23,6 +23,8 @@ from .flusher import FlushError
 
 logger = logging.getLogger("gen_durable.scheduler")
 
+RELEASE_ATTEMPTS = 5  # shutdown release passes over rows locked for a moment; retry them
+
 
 class Scheduler:
     def __init__(self, queue, concurrency, *, worker_id, prefix, flusher, limiter, settings, using=None):
@@ -62,11 +64,18 @@ class Scheduler:
         self._thread.join(5)
         with self._lock:
             buffered, self.buffer = self.buffer, []
-        released = []
-        try:
-            released = release([j.id for j in buffered], self.worker_id, self.using)
-        except Exception:
-            logger.exception("could not release %d buffered rows of %s", len(buffered), self.queue)
+        ids, released = [j.id for j in buffered], []
+        for _ in range(RELEASE_ATTEMPTS):
+            try:
+                released += release([i for i in ids if i not in released], self.worker_id, self.using)
+            except Exception:
+                logger.exception("could not release %d buffered rows of %s", len(ids), self.queue)
+                break
+            if len(released) >= len(ids):
+                break
+            # release.sql skips rows locked at that instant (SKIP LOCKED) — typically by a
+            # heartbeat that read the buffer just before it was emptied. Try the rest again.
+            time.sleep(0.02)
         deadline = time.monotonic() + drain_timeout
         while self.in_flight and time.monotonic() < deadline:
             time.sleep(0.01)

@@ -115,6 +115,9 @@ class Supervisor:
         self._stop.set()
 
     def stop(self):
+        for sched in self.schedulers.values():  # stop picking first (SPEC §5)
+            sched._stop.set()
+            sched._wake.set()
         for role in self._roles:
             if role.name != "heartbeat":
                 role.stop()
