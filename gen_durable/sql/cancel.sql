@@ -27,7 +27,7 @@ WITH target AS (
                            THEN now() ELSE p.eligible_at END,
         updated_at = now()
     FROM upd
-    WHERE p.id = upd.parent_id
+    WHERE p.id = upd.parent_id AND p.status NOT IN ('done', 'failed')  -- terminal rows stay as they are
     RETURNING p.status, p.queue
 )
 SELECT upd.id,

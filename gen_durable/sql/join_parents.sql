@@ -19,7 +19,9 @@ WITH d AS (
                            THEN now() ELSE p.eligible_at END,
         updated_at = now()
     FROM d JOIN locked l ON l.id = d.id
-    WHERE p.id = d.id
+    -- A terminal parent (cancelled mid-join) is left alone: terminal rows are never
+    -- updated again, so updated_at stays the termination instant GC ages it by.
+    WHERE p.id = d.id AND p.status NOT IN ('done', 'failed')
     RETURNING p.id, p.status, p.queue
 ), wake AS (
     SELECT pg_notify('gen_durable', queue) FROM (SELECT DISTINCT queue FROM upd WHERE status = 'runnable') q

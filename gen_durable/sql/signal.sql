@@ -8,6 +8,10 @@
 -- WHERE: it always takes the row lock, so racing a park it queues behind the park's
 -- lock and re-evaluates the CASE against the committed parked row. A WHERE on status
 -- would skip the not-yet-parked row without waiting — the lost wake-up.
+-- The target is resolved under that same row lock (FOR NO KEY UPDATE, compatible with
+-- the inbox FK's KEY SHARE): a delivery racing an outcome that finishes the instance
+-- waits for it and re-checks the status, so it raises NoTarget instead of leaving an
+-- orphan signal in a terminal row's inbox (which the outcome's purge could not see).
 -- Returns one row when the target exists: (signal id | NULL when deduplicated,
 -- status after delivery, queue); no row → NoTarget. A woken row notifies its queue.
 WITH target AS (
@@ -15,6 +19,7 @@ WITH target AS (
     WHERE (id = %(id)s::bigint OR correlation_guard = %(key)s::text)
       AND status NOT IN ('done', 'failed')
     LIMIT 1
+    FOR NO KEY UPDATE
 ), ins AS (
     INSERT INTO gen_durable_signals (target_id, name, payload, dedup_key)
     SELECT id, %(name)s::text, %(payload)s::jsonb, %(dedup_key)s::text FROM target

@@ -16,7 +16,8 @@ from tests.durable_app.signal_machines import FanOut, Recorder, StopOnWake
 
 @pytest.mark.django_db
 def test_an_unknown_id_is_not_found():
-    result = gd.await_result(10**12, timeout=30)
+    # answered from the first read: with an hour's timeout, waiting would hang the test
+    result = gd.await_result(10**12, timeout=3600)
     assert result.status == "not_found" and result.snapshot is None and not result.ok
 
 

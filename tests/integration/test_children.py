@@ -27,6 +27,12 @@ from tests.durable_app.signal_machines import (
 )
 
 
+@pytest.fixture(autouse=True)
+def _fresh_join_counts():
+    """Ids restart after a RESTART IDENTITY elsewhere in the session: count per test."""
+    JOIN_RUNS.clear()
+
+
 def row(id_):
     return Instance.objects.get(id=id_)
 
@@ -92,6 +98,29 @@ def test_a_fan_out_of_1000_children_joins_exactly_once(engine, queue_name):
     assert result["ids"] == [k.id for k in kids]
     assert Counter(k.status for k in kids) == {"done": 1000}
     assert row(parent).children_pending == 0
+
+
+@pytest.mark.django_db
+def test_the_join_barrier_counts_each_terminal_child_once(queue_name):
+    kids_q = f"{queue_name}-kids"
+    parent = gd.insert(FanOut, queue=queue_name, state={"kid_queue": kids_q, "kids": [{"i": i} for i in range(4)]})
+    run_one(queue_name)
+    assert row(parent).children_pending == 4
+    run_one(kids_q)  # one child done
+    r = row(parent)
+    assert (r.status, r.children_pending) == ("awaiting_children", 3)
+    # two siblings terminal in one flush: one aggregated decrement (CHD-03)
+    entries = [execute(job) for job in pick(kids_q, 2, "w-pair", 30)]
+    result = flusher.flush(entries)
+    assert len(result.committed) == 2
+    r = row(parent)
+    assert (r.status, r.children_pending) == ("awaiting_children", 1)
+    [last] = run_one(kids_q)
+    assert queue_name in last.woken  # the join woke the parent's queue
+    r = row(parent)
+    assert (r.status, r.step, r.children_pending) == ("runnable", "join", 0)
+    drain(queue_name)
+    assert row(parent).result["done"] == 4 and JOIN_RUNS[parent] == 1
 
 
 @pytest.mark.django_db
@@ -273,6 +302,27 @@ def test_cancel_by_key_clears_the_inbox(queue_name):
     assert_failed(id_, "bye")
     assert not Signal.objects.filter(target_id=id_).exists()
     assert row(id_).awaits is None
+
+
+@pytest.mark.django_db
+def test_a_terminal_parent_is_left_alone_by_its_childrens_join(queue_name):
+    """A cancelled parent's children still finish; counting them off must not rewrite
+    the terminal parent (its updated_at is its termination instant for GC)."""
+    kids_q = f"{queue_name}-kids"
+    parent = gd.insert(FanOut, queue=queue_name, state={"kid_queue": kids_q, "kids": [{"i": 0}, {"i": 1}]})
+    drain(queue_name)
+    first, second = children_of(parent)
+    gd.cancel(parent, reason="parent gone")
+    with connection.cursor() as cur:
+        cur.execute("UPDATE gen_durable SET updated_at = now() - interval '2 days' WHERE id = %s", [parent])
+    before = row(parent)
+    run_one(kids_q)  # a child's Done joins through the flush
+    gd.cancel(second.id)  # a child's cancel joins through cancel.sql
+    after = row(parent)
+    assert (after.status, after.children_pending, after.updated_at) == ("failed", 2, before.updated_at)
+    assert gc(retention=86400, batch=100) == 1  # the aged parent goes; its fresh children stay
+    assert not Instance.objects.filter(id=parent).exists()
+    assert [k.parent_id for k in Instance.objects.filter(id__in=[first.id, second.id])] == [None, None]
 
 
 @pytest.mark.django_db

@@ -68,23 +68,26 @@ class _Thread(threading.Thread):
 
 
 class _PausingDb:
-    """gen_durable.db as flusher.flush sees it, with a hook run before chosen statements.
+    """gen_durable.db as flusher.flush sees it, with a hook run before (or after) chosen statements.
 
     A seam between two statements of the real flush transaction — every statement still
     goes to the database (no cursor is mocked).
     """
 
-    def __init__(self, before):
-        self.before = before
+    def __init__(self, hooks, after=False):
+        self.hooks, self.after = hooks, after
 
     def __getattr__(self, name):
         return getattr(gd_db, name)
 
     def fetchall(self, text, params=None, using=None):
-        hook = self.before.get(text)
-        if hook is not None:
+        hook = self.hooks.get(text)
+        if hook is not None and not self.after:
             hook()
-        return gd_db.fetchall(text, params, using)
+        rows = gd_db.fetchall(text, params, using)
+        if hook is not None and self.after:
+            hook()
+        return rows
 
 
 def _waits_on_lock(pid):
@@ -111,7 +114,9 @@ def test_signal_is_one_statement_by_id_and_by_key(queue_name, django_assert_num_
 
 @pytest.mark.django_db
 def test_signal_to_a_terminal_missing_or_unknown_target_raises_no_target_and_stores_nothing(queue_name):
-    done = TerminalFactory(queue=queue_name, correlation_key=f"gone-{queue_name}")
+    done = row(gd.insert(Plain, queue=queue_name, correlation_key=f"gone-{queue_name}"))
+    drain(queue_name)
+    assert_done(done.id)
     failed = TerminalFactory(queue=queue_name, status="failed", result=None)
     with pytest.raises(gd.NoTarget):
         gd.signal(done.id, "go")
@@ -446,8 +451,9 @@ def test_a_signal_racing_the_park_is_not_lost_park_first(transactional_db, queue
 
 def test_negative_control_flip_in_where_loses_the_wakeup(transactional_db, queue_name, monkeypatch):
     """The scenario above with the original bug: proves the test detects it."""
-    id_, how, result = _park_first(monkeypatch, queue_name, _deliver_with(SIGNAL_FLIP_IN_WHERE))
-    assert how == "returned"  # a status-filtered wake skipped the not-yet-parked row
+    id_, _, result = _park_first(monkeypatch, queue_name, _deliver_with(SIGNAL_FLIP_IN_WHERE))
+    # B may queue behind the park on the target's lock, but its status-filtered wake
+    # judges the pre-park row of its snapshot and skips it without re-evaluation.
     assert result.committed == {id_: "awaiting_signal"}
     assert_awaiting(id_, "go")  # parked forever ...
     assert inbox(id_) == ["go"]  # ... with its wake-up in the inbox
@@ -458,6 +464,43 @@ def test_the_real_signal_sql_passes_the_same_harness(transactional_db, queue_nam
     id_, how, _ = _park_first(monkeypatch, queue_name, _deliver_with(sql.SIGNAL))
     assert how == "blocked"
     assert row(id_).status == "runnable"
+
+
+def test_a_signal_racing_a_terminal_outcome_raises_no_target_and_stores_nothing(
+        transactional_db, queue_name, monkeypatch):
+    """Session A commits a Done (row lock held, not yet committed) while session B
+    signals: B must wait, see the terminal row and raise NoTarget — never leave an
+    orphan signal in a finished instance's inbox (SIG-02)."""
+    id_ = park(Recorder, queue_name, state={"names": ["go"]})
+    gd.signal(id_, "go", 1)
+    [job] = pick(queue_name, 1, "worker-A", 30)
+    entry = execute(job)
+    assert entry.kind == "done"
+    flushed, finish = threading.Event(), threading.Event()
+
+    def after_flush(*_):
+        flushed.set()
+        assert finish.wait(30)
+
+    monkeypatch.setattr(flusher, "db", _PausingDb({sql.FLUSH: after_flush}, after=True))
+    a = _Thread(lambda: flusher.flush([entry]))
+    a.start()
+    assert flushed.wait(30)
+    b_pid = {}
+
+    def b():
+        connection.ensure_connection()
+        b_pid["pid"] = connection.connection.info.backend_pid
+        return gd.signal(id_, "late", {"v": 2})
+
+    session_b = _Thread(b)
+    session_b.start()
+    wait_until(lambda: "pid" in b_pid and _waits_on_lock(b_pid["pid"]), what="B to wait for A's row lock")
+    finish.set()
+    assert a.join_result().committed == {id_: "done"}
+    with pytest.raises(gd.NoTarget):
+        session_b.join_result()
+    assert inbox(id_) == []
 
 
 def test_a_signal_racing_the_park_is_not_lost_deliver_first(transactional_db, queue_name, monkeypatch):
