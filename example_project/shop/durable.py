@@ -158,3 +158,9 @@ class Pipeline(gd.Machine):
     def publish(self, ctx):
         return gd.Done({"n": ctx.state["n"], "bucket": ctx.state["bucket"]})
 
+
+
+@gd.job(name="shop.noop", queue="default")
+def noop(args):
+    """Does nothing: the unit of work of the drain benchmarks (bench/)."""
+    return None

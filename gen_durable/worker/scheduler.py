@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from django.db import close_old_connections
 
-from .. import telemetry
+from .. import db, telemetry
 from .claims import pick, reclaim, release
 from .executor import execute
 from .flusher import FlushError
@@ -44,6 +44,7 @@ class Scheduler:
         self.buffer: list = []
         self.in_flight: dict = {}
         self.completed = 0
+        self._tuned = None
         self._thread = threading.Thread(target=self._loop, name=f"gd-sched-{queue}", daemon=True)
         self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix=f"gd-step-{queue}")
 
@@ -104,8 +105,24 @@ class Scheduler:
             logger.info("queue %s: reclaimed %d claims of a dead predecessor", self.queue, len(ids))
         return len(ids)
 
+    def _tune_connection(self):
+        """Let this feeder's connection commit claims without waiting for the WAL flush.
+
+        A claim need not survive a database crash: a lost claim leaves the row runnable,
+        or executing until its lease lapses and the reaper returns it — the step runs
+        either way (at-least-once is unchanged). Outcomes are committed by the flusher's
+        own connection, synchronously. Saves one fsync wait per pick.
+        """
+        conn = db.connection(self.using)
+        conn.ensure_connection()
+        if conn.connection is not self._tuned:
+            with conn.cursor() as cur:
+                cur.execute("SET synchronous_commit TO off")
+            self._tuned = conn.connection
+
     def run_once(self) -> int:
         """One feeder tick: pick if there is demand, dispatch; return rows claimed."""
+        self._tune_connection()
         demand = self.demand()
         claimed = 0
         if demand > 0 and (demand >= self.min_demand or self.idle()):
@@ -163,8 +180,6 @@ class Scheduler:
             except Exception as exc:
                 logger.warning("pick on queue %s failed: %s; retrying after back-off", self.queue, exc)
                 close_old_connections()
-                from .. import db
-
                 db.connection(self.using).close()
                 claimed = 0
                 interval = min(max(interval, self.s.POLL_INTERVAL) * 2, self.s.MAX_POLL_INTERVAL)
@@ -175,6 +190,4 @@ class Scheduler:
                     interval = min(interval * 2, self.s.MAX_POLL_INTERVAL)
             self._wake.wait(interval)
             self._wake.clear()
-        from .. import db
-
         db.connection(self.using).close()

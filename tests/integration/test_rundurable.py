@@ -14,6 +14,7 @@ from django.db import connection
 
 import gen_durable as gd
 from gen_durable.models import Instance
+from tests.conftest import wait_until
 from tests.durable_app.durable import Counter, Recorder
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,18 +66,33 @@ def test_bad_arguments_are_argparse_errors(argv, message):
 
 
 def test_two_processes_in_burst_mode_exit_0_with_every_row_done(committed, queue_name, tmp_path):
-    log = tmp_path / "steps.log"
-    ids = gd.insert_all([gd.Spec(Recorder, state={"log": str(log), "sleep": 0.3}, queue=queue_name)
-                         for _ in range(30)])
-    proc = subprocess.run(MANAGE + ["rundurable", "--processes", "2", "--burst", "--queue", f"{queue_name}=3",
-                                    "--verbosity", "0", "--skip-checks"],
-                          cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    log, hold = tmp_path / "steps.log", tmp_path / "hold"
+    hold.touch()  # first runs wait while it exists: both processes must be running steps
+    ids = gd.insert_all([gd.Spec(Recorder, state={"log": str(log), "hold": str(hold), "sleep": 60},
+                                 queue=queue_name) for _ in range(30)])
+    proc = subprocess.Popen(MANAGE + ["rundurable", "--processes", "2", "--burst", "--queue", f"{queue_name}=3",
+                                      "--verbosity", "0", "--skip-checks"],
+                            cwd=ROOT, env=child_env(), stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: len(steps(log, "start")) == 2 and sum(map(len, steps(log, "start").values())) == 6,
+                   timeout=60, what="three steps running in each of two processes")
+    finally:
+        hold.unlink()
+        _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
     assert set(Instance.objects.filter(id__in=ids).values_list("status", flat=True)) == {"done"}
-    by_pid = defaultdict(set)
-    for line in log.read_text().splitlines():
-        id_, _attempt, what, pid = line.split()
-        if what == "end":
-            by_pid[pid].add(int(id_))
-    assert len(by_pid) == 2, "both worker processes ran steps"
-    assert sorted(i for ran in by_pid.values() for i in ran) == sorted(ids)  # each once
+    ended = [i for ran in steps(log, "end").values() for i in ran]
+    assert sorted(ended) == sorted(ids)  # each step completed once
+
+
+def steps(log, what):
+    """pid -> ids of the Recorder log lines of kind `what`."""
+    by_pid = defaultdict(list)
+    if log.exists():
+        for fields in (line.split() for line in log.read_text().splitlines()):
+            if len(fields) != 4:
+                continue  # a line still being written
+            id_, _attempt, kind, pid = fields
+            if kind == what:
+                by_pid[pid].append(int(id_))
+    return by_pid

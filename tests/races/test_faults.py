@@ -13,8 +13,10 @@ import signal
 import subprocess
 import sys
 from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
 
+import psycopg
 import pytest
 from django.db import connection
 
@@ -73,12 +75,21 @@ def worker_process():
             proc.wait()
 
 
+@contextmanager
+def other_session():
+    """A second connection; its transaction commits when the block exits."""
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    with psycopg.connect(**params) as conn:
+        yield conn
+
+
 def log_lines(path):
     """(id, attempt, "start"|"end", pid) per line of a Recorder log."""
     if not path.exists():
         return []
-    return [(int(i), int(a), what, int(pid)) for i, a, what, pid in
-            (line.split() for line in path.read_text().splitlines() if line.strip())]
+    fields = (line.split() for line in path.read_text().splitlines())
+    return [(int(i), int(a), what, int(pid)) for i, a, what, pid in (f for f in fields if len(f) == 4)]
 
 
 def tally(path, what):
@@ -139,12 +150,50 @@ def test_sigterm_mid_burst_exits_0_and_loses_nothing(committed, engine, worker_p
     assert set(Instance.objects.filter(id__in=ids).values_list("attempt", flat=True)) == {0}
 
 
+def test_shutdown_releases_buffered_rows_even_when_one_is_locked_for_a_moment(
+        committed, engine, settings, monkeypatch, queue_name, tmp_path):
+    """release.sql passes over rows locked at that instant (SKIP LOCKED) — at shutdown,
+    typically the worker's own heartbeat. The first release runs while another session
+    holds the buffered rows; the shutdown must release them on a later attempt."""
+    from gen_durable.worker import scheduler as scheduler_module
+
+    settings.GEN_DURABLE = {**settings.GEN_DURABLE, "PREFETCH": 3}
+    log, hold = tmp_path / "steps.log", tmp_path / "hold"
+    hold.touch()
+    ids = gd.insert_all([gd.Spec(Recorder, state={"log": str(log), "hold": str(hold), "sleep": 60},
+                                 queue=queue_name) for _ in range(4)])
+    sup = engine({queue_name: 1})
+    wait_until(lambda: statuses(queue_name)["executing"] == 4 and len(tally(log, "start")) == 1,
+               what="one step running and three rows buffered")
+    (running,) = tally(log, "start")
+    buffered = sorted(set(ids) - {running})
+    real_release, calls = scheduler_module.release, []
+
+    def release_while_locked(batch, worker, using=None):
+        calls.append(sorted(batch))
+        if len(calls) > 1:
+            return real_release(batch, worker, using)
+        hold.unlink()  # picking has stopped: the running step may finish during the drain
+        with other_session() as other:
+            other.execute("SELECT id FROM gen_durable WHERE id = ANY(%s) FOR NO KEY UPDATE", [list(batch)])
+            return real_release(batch, worker, using)  # skips them all; the lock goes at commit
+
+    monkeypatch.setattr(scheduler_module, "release", release_while_locked)
+    assert sup.stop() == {queue_name: {"released": 3, "in_flight": 0}}
+    assert calls[0] == buffered
+    assert {(r.status, r.attempt, r.locked_by) for r in Instance.objects.filter(id__in=buffered)} == \
+        {("runnable", 0, None)}
+    assert Instance.objects.get(id=running).status == "done"
+
+
 def test_start_up_reclaims_a_dead_predecessors_decayed_claims_only(committed, engine, queue_name, events):
     prefix = worker_prefix(queue_name)
     dead = InstanceFactory(fsm="tests.Plain", queue=queue_name, status="executing", locked_by=prefix + "dead-1")
     live = InstanceFactory(fsm="tests.Plain", queue=queue_name, status="executing", locked_by=prefix + "live-1")
-    with connection.cursor() as cur:  # the database's clock (§4.12); margin = 3 - 2 × 0.5 = 2 s
-        cur.execute("UPDATE gen_durable SET lease_expires_at = now() + interval '0.5 seconds' WHERE id = %s",
+    # margin = LEASE_TTL - 2 × HEARTBEAT = 2 s. The dead claim's lease is below it but not
+    # yet expired, so only the start-up reclaim (not the reaper) can free it unbumped.
+    with connection.cursor() as cur:  # the database's clock (§4.12)
+        cur.execute("UPDATE gen_durable SET lease_expires_at = now() + interval '1.5 seconds' WHERE id = %s",
                     [dead.id])
         cur.execute("UPDATE gen_durable SET lease_expires_at = now() + interval '60 seconds' WHERE id = %s",
                     [live.id])
