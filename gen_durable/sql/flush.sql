@@ -14,8 +14,12 @@
 -- Guard: locked_by = worker AND status = 'executing'. A stale outcome matches nothing,
 --   and every rider keys off `upd`, so it consumes, purges and wakes nothing either.
 -- Index: primary key (one point lookup per outcome); signals by id / by target.
-WITH input AS (
-    SELECT *
+--   The guard's status comes from the materialized input (`i.claimed`), so it is a join
+--   clause, not a restriction: written as g.status = 'executing' it lets the planner
+--   hash-join over gen_durable_lease — every executing row (and its dead index entries)
+--   per flush — instead of one primary-key probe per outcome (tests/plans).
+WITH input AS MATERIALIZED (
+    SELECT *, 'executing'::gen_durable_status AS claimed
     FROM unnest(%(id)s::bigint[], %(worker)s::text[], %(kind)s::text[], %(step)s::text[],
                 %(state)s::text[], %(result)s::text[], %(error)s::text[], %(delay)s::float8[],
                 %(awaits)s::text[], %(timeout)s::float8[], %(set_key)s::bool[],
@@ -51,7 +55,7 @@ WITH input AS (
         lease_expires_at = NULL,
         updated_at = now()
     FROM input i
-    WHERE g.id = i.id AND g.locked_by = i.worker AND g.status = 'executing'
+    WHERE g.id = i.id AND g.locked_by = i.worker AND g.status = i.claimed
     RETURNING g.id, g.status, g.queue, g.parent_id
 ), consumed AS (
     DELETE FROM gen_durable_signals s

@@ -119,3 +119,15 @@ def test_gc_deletes_by_primary_key(scale):
 
 def test_reaper_rides_the_lease_index(scale):
     assert "gen_durable_lease" in index_scans(plan(sql.REAP, {"limit": 1000}))
+
+
+def test_flush_updates_by_primary_key_not_by_the_executing_set(scale):
+    n = 50
+    arrays = {"id": list(range(300, 300 + n)), "worker": ["w"] * n, "kind": ["next"] * n, "step": ["s"] * n,
+              "state": [None] * n, "result": [None] * n, "error": [None] * n, "delay": [0.0] * n,
+              "awaits": [None] * n, "timeout": [None] * n, "set_key": [False] * n, "new_key": [None] * n,
+              "rate_limit": [None] * n, "weight": [1.0] * n, "c_target": [], "c_id": []}
+    p = plan(sql.FLUSH, arrays)
+    update = next(n for n in nodes(p) if n["Node Type"] == "ModifyTable" and n.get("Relation Name") == "gen_durable")
+    used = index_scans(update)
+    assert "gen_durable_pkey" in used and "gen_durable_lease" not in used, used
