@@ -118,7 +118,7 @@ class Flusher:
         self.max_batch = max_batch
         self.max_delay = max_delay
         self.limiter = limiter
-        self.on_commit = on_commit  # callback(FlushResult) after each commit
+        self.on_commit = on_commit  # callback(FlushResult, entries) after each commit, before waking workers
         self._cond = threading.Condition()
         self._pending: list[tuple] = []
         self._running = 0  # steps started but not yet submitted
@@ -209,11 +209,11 @@ class Flusher:
                     self.limiter.credit(slots)
                 except Exception:
                     logger.exception("limiter credit failed (the reconciler will heal it)")
+        if self.on_commit is not None:
+            try:
+                self.on_commit(result, entries)
+            except Exception:
+                logger.exception("on_commit callback failed")
         stale = {e.id for e in result.stale}
         for entry, fut in batch:
             fut.set_result("stale" if entry.id in stale else "committed")
-        if self.on_commit is not None:
-            try:
-                self.on_commit(result)
-            except Exception:
-                logger.exception("on_commit callback failed")

@@ -162,10 +162,25 @@ class Scheduler:
         finally:
             if not submitted:
                 self.flusher.step_abandoned()
+            # Normally `settle` already freed the slot when the flush committed; this
+            # covers the paths where no flush did (an error, a failed flush).
             with self._lock:
-                self.in_flight.pop(job.id, None)
-                self.completed += 1
+                freed = self.in_flight.pop(job.id, None) is not None
             close_old_connections()
+            if freed:
+                self._wake.set()
+
+    def settle(self, ids) -> None:
+        """The flush made these rows' outcomes durable: free their slots and refill.
+
+        Called from the flusher thread before it wakes the step threads, so a whole
+        flushed batch frees its slots at once and the feeder claims one batch for it
+        instead of one small pick per finishing thread.
+        """
+        with self._lock:
+            freed = sum(self.in_flight.pop(i, None) is not None for i in ids)
+            self.completed += freed
+        if freed:
             self._wake.set()
 
     def _loop(self):

@@ -80,7 +80,14 @@ class Supervisor:
         for sched in self.schedulers.values():
             sched._wake.set()
 
-    def _on_commit(self, result):
+    def _on_commit(self, result, entries):
+        by_queue: dict = {}
+        for e in entries:
+            by_queue.setdefault(e.queue, []).append(e.id)
+        for q, ids in by_queue.items():
+            sched = self.schedulers.get(q)
+            if sched is not None:
+                sched.settle(ids)
         for q in result.woken:
             self._wake(q)
 
