@@ -168,17 +168,18 @@ def insert_rows(rows: list[Row], parent_ids=None, using=None) -> list[int | None
     if not rows:
         return []
     n = len(rows)
+    arr = db.pg_array
     params = {
-        "fsm": [r.fsm for r in rows], "fsm_version": [r.fsm_version for r in rows],
-        "step": [r.step for r in rows], "state": [r.state for r in rows],
-        "queue": [r.queue for r in rows], "priority": [r.priority for r in rows],
-        "at": [r.at for r in rows], "delay": [r.delay for r in rows],
-        "concurrency_key": [r.concurrency_key for r in rows],
-        "rate_limit": [r.rate_limit for r in rows], "weight": [r.weight for r in rows],
-        "correlation_key": [r.correlation_key for r in rows],
-        "scope": [",".join(r.scope) for r in rows],
-        "parent_id": list(parent_ids) if parent_ids is not None else [None] * n,
-        "ord": list(range(n)),
+        "fsm": arr([r.fsm for r in rows]), "fsm_version": arr([r.fsm_version for r in rows]),
+        "step": arr([r.step for r in rows]), "state": arr([r.state for r in rows]),
+        "queue": arr([r.queue for r in rows]), "priority": arr([r.priority for r in rows]),
+        "at": arr([r.at for r in rows]), "delay": arr([r.delay for r in rows]),
+        "concurrency_key": arr([r.concurrency_key for r in rows]),
+        "rate_limit": arr([r.rate_limit for r in rows]), "weight": arr([r.weight for r in rows]),
+        "correlation_key": arr([r.correlation_key for r in rows]),
+        "scope": arr([",".join(r.scope) for r in rows]),
+        "parent_id": arr(list(parent_ids) if parent_ids is not None else [None] * n),
+        "ord": arr(list(range(n))),
     }
     returned = db.fetchall(sql.INSERT_ALL, params, using)
     return map_returned(rows, [(r[0], r[1]) for r in returned])

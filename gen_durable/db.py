@@ -32,3 +32,29 @@ def execute(sql: str, params=None, using: str | None = None) -> int:
     with connection(using).cursor() as cur:
         cur.execute(sql, params)
         return cur.rowcount
+
+
+def pg_array(values) -> str:
+    """Render a batch column as a Postgres array literal ('{1,"a b",NULL}').
+
+    Hot-path batches travel as typed arrays through unnest (SPEC §0). psycopg dumps a
+    Python list element by element in Python (~120 µs per 50-element array here);
+    rendering the literal ourselves and letting the statement's cast (`::bigint[]`,
+    `::text[]`…) parse it server-side costs a fraction of that, and a flush carries
+    sixteen arrays. Elements: None, bool, int, float, str, datetime (ISO 8601).
+    """
+    out = []
+    for v in values:
+        if v is None:
+            out.append("NULL")
+        elif v is True:
+            out.append("t")
+        elif v is False:
+            out.append("f")
+        elif isinstance(v, (int, float)):
+            out.append(repr(v))
+        elif isinstance(v, str):
+            out.append('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"')
+        else:  # datetime and friends
+            out.append('"' + v.isoformat() + '"')
+    return "{" + ",".join(out) + "}"

@@ -50,7 +50,7 @@ def pick(queue: str, limit: int, worker: str, ttl: float, *, gates=(), using=Non
     same key) aborts the claim; it is retried up to 3 times, each retry emitting
     `concurrency.contended`, and then gives up with an empty batch.
     """
-    params = {"queue": queue, "limit": limit, "worker": worker, "ttl": float(ttl), "gates": list(gates)}
+    params = {"queue": queue, "limit": limit, "worker": worker, "ttl": float(ttl), "gates": db.pg_array(gates)}
     rows = None
     for attempt in range(CLAIM_ATTEMPTS):
         try:
@@ -83,9 +83,9 @@ def enrich(jobs: list[Claimed], using=None) -> None:
     """Attach inboxes and children to a claimed batch: two statements for any batch size."""
     ids = [j.id for j in jobs]
     by_id = {j.id: j for j in jobs}
-    for target_id, sid, name, payload, at in db.fetchall(sql.LOAD_SIGNALS, {"ids": ids}, using):
+    for target_id, sid, name, payload, at in db.fetchall(sql.LOAD_SIGNALS, {"ids": db.pg_array(ids)}, using):
         by_id[target_id].inbox.append(Signal(sid, name, loads(payload), at))
-    for parent_id, cid, fsm, status, state, result, last_error in db.fetchall(sql.LOAD_CHILDREN, {"ids": ids}, using):
+    for parent_id, cid, fsm, status, state, result, last_error in db.fetchall(sql.LOAD_CHILDREN, {"ids": db.pg_array(ids)}, using):
         by_id[parent_id].children.append(ChildRow(cid, fsm, status, loads(state), loads(result), last_error))
 
 
@@ -93,14 +93,14 @@ def release(ids, worker: str, using=None) -> list[int]:
     """Return claimed, unstarted rows to runnable (no attempt bump). Statements: 1."""
     if not ids:
         return []
-    return [r[0] for r in db.fetchall(sql.RELEASE, {"ids": list(ids), "worker": worker}, using)]
+    return [r[0] for r in db.fetchall(sql.RELEASE, {"ids": db.pg_array(ids), "worker": worker}, using)]
 
 
 def heartbeat(ids, worker: str, ttl: float, using=None) -> list[int]:
     """Extend the lease of `ids` held by `worker` to now() + ttl. Statements: 1."""
     if not ids:
         return []
-    return [r[0] for r in db.fetchall(sql.HEARTBEAT, {"ids": list(ids), "worker": worker, "ttl": float(ttl)}, using)]
+    return [r[0] for r in db.fetchall(sql.HEARTBEAT, {"ids": db.pg_array(ids), "worker": worker, "ttl": float(ttl)}, using)]
 
 
 def reclaim(queue: str, prefix: str, margin: float, using=None) -> list[int]:

@@ -40,16 +40,18 @@ class FlushResult:
 
 
 def _arrays(entries):
+    """flush.sql's parameters: one array literal per column (db.pg_array)."""
+    arr = db.pg_array
     return {
-        "id": [e.id for e in entries], "worker": [e.worker for e in entries],
-        "kind": [e.kind for e in entries], "step": [e.step for e in entries],
-        "state": [e.state for e in entries], "result": [e.result for e in entries],
-        "error": [e.error for e in entries], "delay": [e.delay for e in entries],
-        "awaits": [e.awaits for e in entries], "timeout": [e.timeout for e in entries],
-        "set_key": [e.set_key for e in entries], "new_key": [e.new_key for e in entries],
-        "rate_limit": [e.rate_limit for e in entries], "weight": [e.weight for e in entries],
-        "c_target": [e.id for e in entries for _ in e.consumed],
-        "c_id": [sid for e in entries for sid in e.consumed],
+        "id": arr([e.id for e in entries]), "worker": arr([e.worker for e in entries]),
+        "kind": arr([e.kind for e in entries]), "step": arr([e.step for e in entries]),
+        "state": arr([e.state for e in entries]), "result": arr([e.result for e in entries]),
+        "error": arr([e.error for e in entries]), "delay": arr([e.delay for e in entries]),
+        "awaits": arr([e.awaits for e in entries]), "timeout": arr([e.timeout for e in entries]),
+        "set_key": arr([e.set_key for e in entries]), "new_key": arr([e.new_key for e in entries]),
+        "rate_limit": arr([e.rate_limit for e in entries]), "weight": arr([e.weight for e in entries]),
+        "c_target": arr([e.id for e in entries for _ in e.consumed]),
+        "c_id": arr([sid for e in entries for sid in e.consumed]),
     }
 
 
@@ -75,9 +77,9 @@ def flush(entries, using=None) -> FlushResult:
         parked = [e for e in ok if e.kind == "await"]
         if parked:
             rows = db.fetchall(sql.PARK_RECHECK, {
-                "id": [e.id for e in parked],
-                "p_target": [e.id for e in parked for _ in e.presented],
-                "p_id": [sid for e in parked for sid in e.presented],
+                "id": db.pg_array([e.id for e in parked]),
+                "p_target": db.pg_array([e.id for e in parked for _ in e.presented]),
+                "p_id": db.pg_array([sid for e in parked for sid in e.presented]),
             }, using)
             for id_, queue in rows:
                 result.committed[id_] = "runnable"
@@ -88,15 +90,15 @@ def flush(entries, using=None) -> FlushResult:
             owners = [e.id for e in spawning for _ in e.children]
             ids = insert_rows(kids, parent_ids=owners, using=using)
             landed = Counter(owner for owner, id_ in zip(owners, ids) if id_ is not None)
-            rows = db.fetchall(sql.SPAWN_PARK, {"id": [e.id for e in spawning],
-                                                "n": [landed[e.id] for e in spawning]}, using)
+            rows = db.fetchall(sql.SPAWN_PARK, {"id": db.pg_array([e.id for e in spawning]),
+                                                "n": db.pg_array([landed[e.id] for e in spawning])}, using)
             for id_, status, queue in rows:
                 result.committed[id_] = status
                 if status == "runnable":
                     result.woken.add(queue)
         if parents:
             ordered = sorted(parents)
-            rows = db.fetchall(sql.JOIN_PARENTS, {"parent_id": ordered, "n": [parents[p] for p in ordered]}, using)
+            rows = db.fetchall(sql.JOIN_PARENTS, {"parent_id": db.pg_array(ordered), "n": db.pg_array([parents[p] for p in ordered])}, using)
             for id_, status, queue in rows:
                 if status == "runnable":
                     result.woken.add(queue)

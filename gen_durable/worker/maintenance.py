@@ -47,7 +47,7 @@ def gc(retention: float, batch: int, using=None, limiter=None) -> int:
     while True:
         ids = [r[0] for r in db.fetchall(sql.GC_SELECT, {"retention": float(retention), "batch": batch}, using)]
         if ids:
-            deleted += db.execute(sql.GC_DELETE, {"ids": ids}, using)
+            deleted += db.execute(sql.GC_DELETE, {"ids": db.pg_array(ids)}, using)
         if len(ids) < batch:
             break
     healed = limiter.reconcile() if limiter is not None else {"buckets": 0, "gates": 0}
