@@ -115,12 +115,14 @@ class FlushError(Exception):
 class Flusher:
     """The group-commit thread of one worker process."""
 
-    def __init__(self, *, using=None, max_batch=100, max_delay=0.005, limiter=None, on_commit=None):
+    def __init__(self, *, using=None, max_batch=100, max_delay=0.005, limiter=None, on_commit=None,
+                 on_failure=None):
         self.using = using
         self.max_batch = max_batch
         self.max_delay = max_delay
         self.limiter = limiter
         self.on_commit = on_commit  # callback(FlushResult, entries) after each commit, before waking workers
+        self.on_failure = on_failure  # callback(entries) when a flush transaction failed
         self._cond = threading.Condition()
         self._pending: list[tuple] = []
         self._running = 0  # steps started but not yet submitted
@@ -146,8 +148,9 @@ class Flusher:
             self._running -= 1
             self._cond.notify_all()
 
-    def submit(self, entry) -> Future:
-        fut: Future = Future()
+    def submit(self, entry, wait: bool = False) -> Future | None:
+        """Queue `entry` for the next flush; with `wait`, return a Future of its fate."""
+        fut: Future | None = Future() if wait else None
         with self._cond:
             self._running -= 1
             self._pending.append((entry, fut))
@@ -159,7 +162,7 @@ class Flusher:
 
         Raises FlushError when the flush failed or timed out.
         """
-        fut = self.submit(entry)
+        fut = self.submit(entry, wait=True)
         try:
             return fut.result(timeout)
         except Exception as exc:
@@ -199,8 +202,14 @@ class Flusher:
             telemetry.emit("flush.error", {"count": len(entries)}, {"error": repr(exc)})
             if isinstance(exc, (OperationalError, InterfaceError)) or not isinstance(exc, DatabaseError):
                 db.connection(self.using).close()  # reconnect on the next flush
+            if self.on_failure is not None:
+                try:
+                    self.on_failure(entries)
+                except Exception:
+                    logger.exception("on_failure callback failed")
             for _, fut in batch:
-                fut.set_exception(exc)
+                if fut is not None:
+                    fut.set_exception(exc)
             return
         telemetry.emit("flush.stop", {"count": len(entries), "stale": len(result.stale),
                                       "duration": time.perf_counter() - started}, {})
@@ -218,4 +227,5 @@ class Flusher:
                 logger.exception("on_commit callback failed")
         stale = {e.id for e in result.stale}
         for entry, fut in batch:
-            fut.set_result("stale" if entry.id in stale else "committed")
+            if fut is not None:
+                fut.set_result("stale" if entry.id in stale else "committed")

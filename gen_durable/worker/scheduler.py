@@ -1,8 +1,12 @@
 """Internal: one scheduler per queue — feeder, step threads, back-off (SPEC §4.2, §5).
 
-The feeder claims into an in-memory buffer (ceiling concurrency + PREFETCH) and hands
-rows to `concurrency` step threads. Every completion wakes it to refill, so
-throughput is not bounded by the poll interval. An empty poll on an idle queue
+The feeder claims into an in-memory buffer (ceiling concurrency + PREFETCH);
+`concurrency` long-lived step threads take rows from it, run the step and hand the
+outcome to the flusher. A row stays "in flight" (held, heartbeated, counted against the
+ceiling) until the flush that commits its outcome settles it; the instance never moves
+on before that commit (SPEC §4.3), but the thread is free to run another instance's
+step meanwhile — no thread sleeps on a commit. Every settled flush wakes the feeder to
+refill, so throughput is not bounded by the poll interval. An empty poll on an idle queue
 doubles the wait up to MAX_POLL_INTERVAL; any work resets it. A NOTIFY for the queue
 wakes it when it has room (behaviours SCH-01/02, PK-04).
 """
@@ -12,14 +16,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
 
 from django.db import close_old_connections
 
 from .. import db, telemetry
 from .claims import pick, reclaim, release
 from .executor import execute
-from .flusher import FlushError
 
 logger = logging.getLogger("gen_durable.scheduler")
 
@@ -38,18 +41,23 @@ class Scheduler:
         self.using = using
         self.prefetch = settings.PREFETCH
         self.min_demand = min(settings.MIN_DEMAND, concurrency + settings.PREFETCH)
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()  # guards buffer, in_flight, running
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self.buffer: list = []
-        self.in_flight: dict = {}
+        self._stop_steps = False
+        self.buffer: deque = deque()
+        self.in_flight: dict = {}  # id -> job: taken by a step thread, outcome not yet committed
+        self.running = 0
         self.completed = 0
         self._tuned = None
         self._thread = threading.Thread(target=self._loop, name=f"gd-sched-{queue}", daemon=True)
-        self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix=f"gd-step-{queue}")
+        self._steps = [threading.Thread(target=self._step_loop, name=f"gd-step-{queue}-{i}", daemon=True)
+                       for i in range(concurrency)]
 
     # --- control -------------------------------------------------------------
     def start(self):
+        for t in self._steps:
+            t.start()
         self._thread.start()
         return self
 
@@ -64,7 +72,7 @@ class Scheduler:
         self._wake.set()
         self._thread.join(5)
         with self._lock:
-            buffered, self.buffer = self.buffer, []
+            buffered, self.buffer = list(self.buffer), deque()
         ids, released = [j.id for j in buffered], []
         for _ in range(RELEASE_ATTEMPTS):
             try:
@@ -82,7 +90,9 @@ class Scheduler:
             time.sleep(0.01)
         in_flight = len(self.in_flight)
         telemetry.emit("scheduler.drain", {"released": len(released), "in_flight": in_flight}, {"queue": self.queue})
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            self._stop_steps = True
+            self._lock.notify_all()
         return {"released": len(released), "in_flight": in_flight}
 
     # --- state ------------------------------------------------------------------
@@ -133,53 +143,53 @@ class Scheduler:
             telemetry.emit("pick.stop", {"count": claimed, "demand": demand,
                                          "duration": time.perf_counter() - started},
                            {"queue": self.queue, "worker": self.worker_id})
-            with self._lock:
-                self.buffer.extend(jobs)
-        self._dispatch()
+            if jobs:
+                with self._lock:
+                    self.buffer.extend(jobs)
+                    self._lock.notify(len(jobs))
         telemetry.emit("scheduler.saturation", {"in_flight": len(self.in_flight), "buffer": len(self.buffer),
                                                 "concurrency": self.concurrency, "prefetch": self.prefetch},
                        {"queue": self.queue})
         return claimed
 
-    def _dispatch(self):
-        with self._lock:
-            while self.buffer and len(self.in_flight) < self.concurrency:
-                job = self.buffer.pop(0)
-                self.in_flight[job.id] = job
-                self.flusher.step_started()
-                self._pool.submit(self._run_step, job)
-
-    def _run_step(self, job):
-        submitted = False
-        try:
-            entry = execute(job)
-            submitted = True
-            self.flusher.commit(entry)
-        except FlushError as exc:
-            logger.warning("outcome of %s#%s not committed (%s); its lease will recover it", job.fsm, job.id, exc)
-        except BaseException:
-            logger.exception("worker thread failed on %s#%s; its lease will recover it", job.fsm, job.id)
-        finally:
-            if not submitted:
-                self.flusher.step_abandoned()
-            # Normally `settle` already freed the slot when the flush committed; this
-            # covers the paths where no flush did (an error, a failed flush).
+    def _step_loop(self):
+        """One step thread: take a buffered row, run its step, hand the outcome on."""
+        while True:
             with self._lock:
-                freed = self.in_flight.pop(job.id, None) is not None
-            close_old_connections()
-            if freed:
-                self._wake.set()
+                while not self.buffer and not self._stop_steps:
+                    self._lock.wait()
+                if not self.buffer:
+                    return
+                job = self.buffer.popleft()
+                self.in_flight[job.id] = job
+                self.running += 1
+            self.flusher.step_started()
+            submitted = False
+            try:
+                entry = execute(job)
+                self.flusher.submit(entry)
+                submitted = True
+            except BaseException:
+                logger.exception("step thread failed on %s#%s; its lease will recover it", job.fsm, job.id)
+            finally:
+                if not submitted:
+                    self.flusher.step_abandoned()
+                    self.settle([job.id], completed=False)
+                with self._lock:
+                    self.running -= 1
+                close_old_connections()
 
-    def settle(self, ids) -> None:
-        """The flush made these rows' outcomes durable: free their slots and refill.
+    def settle(self, ids, completed: bool = True) -> None:
+        """These rows left our hands: free their slots and wake the feeder to refill.
 
-        Called from the flusher thread before it wakes the step threads, so a whole
-        flushed batch frees its slots at once and the feeder claims one batch for it
-        instead of one small pick per finishing thread.
+        Called by the flusher after a flush commits (or fails: the rows then stay
+        executing until their lease lapses and the reaper returns them), so a whole
+        batch frees its slots at once and the feeder claims one batch for it.
         """
         with self._lock:
             freed = sum(self.in_flight.pop(i, None) is not None for i in ids)
-            self.completed += freed
+            if completed:
+                self.completed += freed
         if freed:
             self._wake.set()
 

@@ -60,7 +60,7 @@ class Supervisor:
         self.token = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.flusher = Flusher(using=self.using, max_batch=self.s.FLUSH["MAX_BATCH"],
                                max_delay=self.s.FLUSH["MAX_DELAY"], limiter=self.limiter,
-                               on_commit=self._on_commit)
+                               on_commit=self._on_commit, on_failure=self._on_failure)
         self.schedulers = {
             q: Scheduler(q, n, worker_id=worker_prefix(q) + self.token, prefix=worker_prefix(q),
                          flusher=self.flusher, limiter=self.limiter, settings=self.s, using=self.using)
@@ -80,16 +80,23 @@ class Supervisor:
         for sched in self.schedulers.values():
             sched._wake.set()
 
-    def _on_commit(self, result, entries):
+    def _settle(self, entries, completed=True):
         by_queue: dict = {}
         for e in entries:
             by_queue.setdefault(e.queue, []).append(e.id)
         for q, ids in by_queue.items():
             sched = self.schedulers.get(q)
             if sched is not None:
-                sched.settle(ids)
+                sched.settle(ids, completed=completed)
+
+    def _on_commit(self, result, entries):
+        self._settle(entries)
         for q in result.woken:
             self._wake(q)
+
+    def _on_failure(self, entries):
+        # The rows stay executing; their leases lapse and the reaper returns them.
+        self._settle(entries, completed=False)
 
     def _heartbeat(self):
         for sched in self.schedulers.values():
