@@ -34,6 +34,10 @@ def execute(sql: str, params=None, using: str | None = None) -> int:
         return cur.rowcount
 
 
+def _text_element(v) -> str:
+    return "NULL" if v is None else '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 def pg_array(values) -> str:
     """Render a batch column as a Postgres array literal ('{1,"a b",NULL}').
 
@@ -42,7 +46,15 @@ def pg_array(values) -> str:
     rendering the literal ourselves and letting the statement's cast (`::bigint[]`,
     `::text[]`…) parse it server-side costs a fraction of that, and a flush carries
     sixteen arrays. Elements: None, bool, int, float, str, datetime (ISO 8601).
+    Homogeneous int and str columns (ids, names, JSON texts) take a fast path.
     """
+    values = list(values)
+    kinds = {type(v) for v in values}
+    kinds.discard(type(None))
+    if kinds == {int} or not kinds:
+        return "{" + ",".join("NULL" if v is None else str(v) for v in values) + "}"
+    if kinds == {str}:
+        return "{" + ",".join(map(_text_element, values)) + "}"
     out = []
     for v in values:
         if v is None:
@@ -54,7 +66,7 @@ def pg_array(values) -> str:
         elif isinstance(v, (int, float)):
             out.append(repr(v))
         elif isinstance(v, str):
-            out.append('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"')
+            out.append(_text_element(v))
         else:  # datetime and friends
             out.append('"' + v.isoformat() + '"')
     return "{" + ",".join(out) + "}"

@@ -11,6 +11,7 @@
 --   and drives the planner to sort the whole runnable set — both measured, tests/plans).
 -- Locks: FOR NO KEY UPDATE SKIP LOCKED in the scan — a claim never waits, and NO KEY
 --   strength stays compatible with the KEY SHARE a signal insert's FK check takes.
+-- eligible_at comes back as epoch seconds: it only orders the batch in Python.
 -- K=1: row_number() over the locked window keeps the most urgent row per unconfigured
 --   key; the losers stay runnable. The unique arbiter index is the correctness backstop:
 --   a racing claim of the same key aborts this statement and the caller retries.
@@ -46,5 +47,5 @@ SET status = 'executing',
 FROM ranked r
 WHERE g.id = r.id AND r.rn = 1
 RETURNING g.id, g.fsm, g.fsm_version, g.step, g.state, g.attempt, g.awaits, g.queue,
-          g.priority, g.eligible_at, g.concurrency_key, g.concurrency_shard, g.rate_limit,
+          g.priority, extract(epoch FROM g.eligible_at)::float8, g.concurrency_key, g.concurrency_shard, g.rate_limit,
           g.weight, g.correlation_key, g.parent_id

@@ -29,7 +29,7 @@ class Claimed:
     awaits: list | None
     queue: str
     priority: int
-    eligible_at: object
+    eligible_at: float  # epoch seconds (orders the batch)
     concurrency_key: str | None
     concurrency_shard: int | None
     rate_limit: str | None

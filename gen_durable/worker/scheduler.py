@@ -154,6 +154,7 @@ class Scheduler:
 
     def _step_loop(self):
         """One step thread: take a buffered row, run its step, hand the outcome on."""
+        conn = db.connection(self.using)  # this thread's own Django connection object
         while True:
             with self._lock:
                 while not self.buffer and not self._stop_steps:
@@ -177,7 +178,10 @@ class Scheduler:
                     self.settle([job.id], completed=False)
                 with self._lock:
                     self.running -= 1
-                close_old_connections()
+                # Like a request boundary: drop a connection the step broke or that
+                # outlived CONN_MAX_AGE. Only threads whose steps touched the database.
+                if conn.connection is not None:
+                    close_old_connections()
 
     def settle(self, ids, completed: bool = True) -> None:
         """These rows left our hands: free their slots and wake the feeder to refill.
