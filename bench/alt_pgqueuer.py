@@ -16,7 +16,7 @@ queue table to ``pgqueuer_log`` in batches) is flushed on exit — so the stop t
 "all 20,000 recorded as successful". Afterwards the queue table must be empty and the
 log must hold 20,000 'successful' rows, else the run is rejected.
 
-Knobs (tuned on the 2-core bench machine, see bench/README.md): batch_size=100,
+Knobs (tuned on the 2-core bench machine, see bench/README.md): batch_size=250,
 2 consumers, uvloop, asyncpg driver, no max_concurrent_tasks cap.
 
 Standalone: ``bench/.venv/bin/python bench/alt_pgqueuer.py [--runs N] [--batch B] [--consumers C]``
@@ -33,7 +33,7 @@ from datetime import timedelta
 import harness
 
 N = 20_000
-BATCH = 100
+BATCH = 250
 CONSUMERS = 2
 ENQUEUE_CHUNK = 5_000
 TIMEOUT_S = 110.0

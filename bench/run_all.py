@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import alt_django_tasks_db  # noqa: E402
 import alt_pgqueuer  # noqa: E402
 import alt_procrastinate  # noqa: E402
+import gd_workloads  # noqa: E402
 import harness  # noqa: E402
 import raw_ceiling  # noqa: E402
 
@@ -43,7 +44,7 @@ ALTERNATIVE_WORKLOADS: dict[str, harness.Workload] = {
 }
 
 # ======================================================================================
-# REGISTRATION POINT — gen_durable's own workloads go here (not written yet).
+# REGISTRATION POINT — gen_durable's own workloads (defined in gd_workloads.py).
 #
 # Add entries name -> callable(db_url) -> dict, e.g.
 #     "gen_durable_drain": gen_durable_drain.workload,
@@ -55,7 +56,7 @@ ALTERNATIVE_WORKLOADS: dict[str, harness.Workload] = {
 # drain, as every workload here does), and return {"rate", "n", "elapsed_s", "enqueue_s",
 # "enqueue_rate", "knobs", "note"}.
 # ======================================================================================
-GEN_DURABLE_WORKLOADS: dict[str, harness.Workload] = {}
+GEN_DURABLE_WORKLOADS: dict[str, harness.Workload] = dict(gd_workloads.WORKLOADS)
 
 WORKLOADS: dict[str, harness.Workload] = {
     **GEN_DURABLE_WORKLOADS,

@@ -21,6 +21,10 @@ INSTALLED_APPS = [
 ]
 
 DATABASES = {"default": django_db_settings(os.environ["BENCH_DTDB_URL"])}
+# Persistent connections. db_worker calls close_old_connections() around every task,
+# so with Django's default CONN_MAX_AGE=0 it opens a new Postgres connection per task.
+_age = os.environ.get("BENCH_DTDB_CONN_MAX_AGE", "none").lower()
+DATABASES["default"]["CONN_MAX_AGE"] = None if _age == "none" else int(_age)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend"}}

@@ -83,6 +83,9 @@ GEN_DURABLE = {
     "MAX_POLL_INTERVAL": env.float("GEN_DURABLE_MAX_POLL_INTERVAL", default=1.0),
     "REAPER": {"INTERVAL": env.float("GEN_DURABLE_REAPER_INTERVAL", default=1.0)},
 }
+# Any other engine key, as a JSON object merged over the above (bench/ sets QUEUES,
+# PREFETCH, MIN_DEMAND, FLUSH this way): GEN_DURABLE_JSON='{"PREFETCH": 50}'.
+GEN_DURABLE.update(env.json("GEN_DURABLE_JSON", default={}))
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

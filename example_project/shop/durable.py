@@ -164,3 +164,17 @@ class Pipeline(gd.Machine):
 def noop(args):
     """Does nothing: the unit of work of the drain benchmarks (bench/)."""
     return None
+
+
+class Waiter(gd.Machine):
+    """Parks until signal "go", then finishes with its payload: the unit of the signal benchmarks."""
+
+    name = "shop.Waiter"
+
+    @gd.step
+    def start(self, ctx):
+        return gd.Await("go", next="finish")
+
+    @gd.step
+    def finish(self, ctx):
+        return gd.Done({"got": ctx.awaited[0].payload if ctx.awaited else None})

@@ -1,0 +1,207 @@
+"""gen_durable's own benchmark workloads (SPEC §8), run through the example project.
+
+Each workload has the harness contract ``fn(db_url) -> dict`` (see harness.py): it
+migrates the example project (example_project/) against the scratch database, pre-fills
+through the public API, and times the real thing — `manage.py rundurable` worker
+processes — the same way the alternatives are timed (clock starts before the first
+worker is spawned, stops when a poll sees every job done; see
+harness.drain_with_processes).
+
+Knobs of the drains: queue concurrency per process, PREFETCH and MIN_DEMAND (feeder),
+FLUSH.MAX_BATCH; they are passed as GEN_DURABLE_JSON to the example settings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psycopg
+
+import harness
+
+ROOT = Path(__file__).resolve().parent.parent
+PROJECT = ROOT / "example_project"
+PY = sys.executable
+DONE_SQL = "SELECT count(*) FROM gen_durable WHERE status = 'done'"
+
+
+def _env(db_url: str, engine: dict | None = None) -> dict:
+    env = dict(os.environ)
+    env["DATABASE_URL"] = db_url
+    env["GEN_DURABLE_JSON"] = json.dumps(engine or {})
+    env["GEN_DURABLE_POLL_INTERVAL"] = "0.05"
+    env["GEN_DURABLE_MAX_POLL_INTERVAL"] = "0.5"
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    return env
+
+
+def _manage(db_url: str, *args: str, engine: dict | None = None, timeout: float = 300) -> str:
+    out = subprocess.run([PY, "manage.py", *args], cwd=PROJECT, env=_env(db_url, engine),
+                         capture_output=True, text=True, timeout=timeout)
+    if out.returncode:
+        raise harness.BenchError(f"manage.py {' '.join(args)} failed: {out.stderr[-2000:]}")
+    return out.stdout
+
+
+def _shell(db_url: str, code: str, engine: dict | None = None) -> dict:
+    """Run `code` in the example project (Django set up); it must print one JSON line."""
+    out = _manage(db_url, "shell", "-c", code, engine=engine)
+    return json.loads(out.strip().splitlines()[-1])
+
+
+FILL = """
+import json, time, gen_durable as gd
+from shop.durable import {machine} as M
+t = time.perf_counter()
+for i in range(0, {n}, 10000):
+    gd.insert_all([gd.Spec(M, state={{"n": i + j}}) for j in range(min(10000, {n} - i))])
+print(json.dumps({{"enqueue_s": time.perf_counter() - t}}))
+"""
+
+
+def drain(n: int, concurrency: int, processes: int, *, machine="noop", steps_per=1, prefetch=None,
+          min_demand=None, max_batch=100):
+    knobs = {"QUEUES": {"default": concurrency}, "FLUSH": {"MAX_BATCH": max_batch, "MAX_DELAY": 0.005}}
+    if prefetch is not None:
+        knobs["PREFETCH"] = prefetch
+    if min_demand is not None:
+        knobs["MIN_DEMAND"] = min_demand
+
+    def workload(db_url: str) -> dict:
+        _manage(db_url, "migrate", "-v0")
+        fill = _shell(db_url, FILL.format(machine=machine, n=n))
+        harness.settle(db_url)
+        cmd = [PY, "manage.py", "rundurable", "--burst", "--queue", f"default={concurrency}",
+               "--no-gc", "--no-reaper", "-v0"]
+        cmds = [cmd + [f"--child={i}"] for i in range(processes)]
+        res = harness.drain_with_processes(cmds, done_url=db_url, done_sql=DONE_SQL, expected=n,
+                                           env=_env(db_url, knobs), cwd=PROJECT, timeout=600)
+        steps = n * steps_per
+        return {"rate": steps / res["elapsed_s"], "unit": "steps/s" if steps_per > 1 else "jobs/s",
+                "n": steps, "elapsed_s": res["elapsed_s"], "enqueue_s": fill["enqueue_s"],
+                "enqueue_rate": n / fill["enqueue_s"],
+                "knobs": {**knobs, "processes": processes, "machine": machine},
+                "workers_cpu_s": res.get("workers_cpu_s"),
+                "note": "clock includes worker start-up, as for every drain here"}
+
+    return workload
+
+
+def insert_all_rate(db_url: str) -> dict:
+    _manage(db_url, "migrate", "-v0")
+    r = _shell(db_url, """
+import json, time, gen_durable as gd
+from shop.durable import noop
+specs = [gd.Spec(noop, state={}) for _ in range(100000)]
+t = time.perf_counter(); ids = gd.insert_all(specs); dt = time.perf_counter() - t
+assert len(ids) == 100000 and None not in ids
+print(json.dumps({"s": dt}))""")
+    return {"rate": 100000 / r["s"], "unit": "rows/s", "n": 100000, "elapsed_s": r["s"],
+            "note": "one insert_all call of 100,000 specs (validation + one statement)"}
+
+
+def insert_single_rate(db_url: str) -> dict:
+    _manage(db_url, "migrate", "-v0")
+    r = _shell(db_url, """
+import json, time, gen_durable as gd
+from shop.durable import noop
+t = time.perf_counter()
+for _ in range(3000): gd.insert(noop, state={})
+print(json.dumps({"s": time.perf_counter() - t}))""")
+    return {"rate": 3000 / r["s"], "unit": "rows/s", "n": 3000, "elapsed_s": r["s"],
+            "note": "3,000 sequential gd.insert calls, one connection, autocommit"}
+
+
+def signal_rate(db_url: str) -> dict:
+    _manage(db_url, "migrate", "-v0")
+    r = _shell(db_url, """
+import json, time, gen_durable as gd
+from gen_durable.testing import drain
+from shop.durable import Waiter
+ids = gd.insert_all([gd.Spec(Waiter, correlation_key=f"w{i}") for i in range(3000)])
+drain(queue="default", max_steps=10000)
+t = time.perf_counter()
+for i in range(3000): gd.signal(f"w{i}", "go", {"i": i})
+print(json.dumps({"s": time.perf_counter() - t}))""")
+    return {"rate": 3000 / r["s"], "unit": "signals/s", "n": 3000, "elapsed_s": r["s"],
+            "note": "3,000 sequential gd.signal calls by correlation key, each waking a parked instance"}
+
+
+def idle_latency(db_url: str) -> dict:
+    """Insert one job at a time into an idle worker; insert→done on the database clock."""
+    _manage(db_url, "migrate", "-v0")
+    env = _env(db_url, {"QUEUES": {"default": 4}, "POLL_INTERVAL": 5, "MAX_POLL_INTERVAL": 5})
+    env["GEN_DURABLE_POLL_INTERVAL"] = "5"
+    env["GEN_DURABLE_MAX_POLL_INTERVAL"] = "5"
+    proc = subprocess.Popen([PY, "manage.py", "rundurable", "--queue", "default=4", "--no-gc", "-v0"],
+                            cwd=PROJECT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    try:
+        r = _shell(db_url, """
+import json, time, gen_durable as gd
+from django.db import connection
+from shop.durable import noop
+time.sleep(3)   # the worker is up and idle (poll interval 5 s: only NOTIFY wakes it fast)
+lat = []
+for i in range(100):
+    id_ = gd.insert(noop, state={})
+    res = gd.await_result(id_, 10)
+    assert res.status == "done", res
+    with connection.cursor() as c:
+        c.execute("SELECT extract(epoch FROM updated_at - inserted_at) FROM gen_durable WHERE id = %s", [id_])
+        lat.append(float(c.fetchone()[0]))
+    time.sleep(0.05)
+print(json.dumps({"lat": lat}))""")
+    finally:
+        proc.terminate()
+        proc.wait(15)
+    lat = sorted(r["lat"])
+    p50 = statistics.median(lat)
+    p99 = lat[int(len(lat) * 0.99) - 1]
+    return {"rate": p50 * 1000, "unit": "ms p50", "n": len(lat), "elapsed_s": sum(lat),
+            "p99_ms": p99 * 1000,
+            "note": f"insert→done on the database clock, idle worker polling every 5 s (NOTIFY wake-up); p99 {p99*1000:.1f} ms"}
+
+
+def sustained(n=200_000, concurrency=50, processes=2):
+    """Drain n jobs; report the rate of each quarter (by completion order)."""
+    inner = drain(n, concurrency, processes, prefetch=concurrency, min_demand=concurrency // 2)
+
+    def workload(db_url: str) -> dict:
+        out = inner(db_url)
+        with psycopg.connect(db_url) as conn:
+            stamps = [r[0] for r in conn.execute(
+                "SELECT extract(epoch FROM updated_at) FROM gen_durable ORDER BY updated_at")]
+        q = len(stamps) // 4
+        rates = []
+        for i in range(4):
+            part = stamps[i * q:(i + 1) * q]
+            rates.append(len(part) / max(float(part[-1]) - float(part[0]), 1e-6))
+        out["quarter_rates"] = [round(r) for r in rates]
+        out["last_vs_first"] = round(rates[3] / rates[0], 3)
+        out["note"] = (f"quarters (jobs/s): {', '.join(f'{r:,.0f}' for r in rates)}; "
+                       f"last/first = {rates[3] / rates[0]:.2f}")
+        return out
+
+    return workload
+
+
+WORKLOADS = {
+    "gd_drain_c10_p1": drain(20_000, 10, 1),
+    "gd_drain_c50_p1": drain(20_000, 50, 1, prefetch=50, min_demand=25),
+    "gd_drain_c50_p2": drain(20_000, 50, 2, prefetch=50, min_demand=25),
+    "gd_drain_c100_p2": drain(20_000, 100, 2, prefetch=100, min_demand=50),
+    "gd_pipeline_5step_c50_p2": drain(4_000, 50, 2, machine="Pipeline", steps_per=5, prefetch=50, min_demand=25),
+    "gd_insert_all_100k": insert_all_rate,
+    "gd_insert_single": insert_single_rate,
+    "gd_signal": signal_rate,
+    "gd_idle_latency": idle_latency,
+    "gd_sustained_200k": sustained(),
+}
