@@ -44,7 +44,7 @@ def _aware(value, what):
     return value
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Row:
     """One validated insert: the values of insert.sql / insert_all.sql."""
 

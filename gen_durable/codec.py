@@ -43,13 +43,17 @@ class Encoder(DjangoJSONEncoder):
         return super().default(o)
 
 
+# One shared instance: json.dumps(cls=...) would build an encoder per call (hot path).
+_ENCODER = Encoder(separators=(",", ":"), allow_nan=False)
+
+
 def encode(value, what: str, limit: int | None = None) -> str:
     """Encode `value` as JSON text; raise SerializationError naming `what` on failure.
 
     limit: the largest accepted size in bytes (GEN_DURABLE['MAX_PAYLOAD_BYTES']).
     """
     try:
-        text = json.dumps(value, cls=Encoder, separators=(",", ":"), allow_nan=False)
+        text = _ENCODER.encode(value)
     except (TypeError, ValueError) as exc:
         raise SerializationError(f"{what} is not JSON-serialisable: {exc}") from exc
     if limit is not None and len(text) > limit and len(text.encode()) > limit:

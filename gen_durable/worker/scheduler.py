@@ -41,6 +41,7 @@ class Scheduler:
         self.using = using
         self.prefetch = settings.PREFETCH
         self.min_demand = min(settings.MIN_DEMAND, concurrency + settings.PREFETCH)
+        self.flush_allowance = settings.FLUSH["MAX_BATCH"]
         self._lock = threading.Condition()  # guards buffer, in_flight, running
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -104,7 +105,16 @@ class Scheduler:
         return not self.in_flight and not self.buffer
 
     def demand(self) -> int:
-        return self.concurrency + self.prefetch - (len(self.in_flight) + len(self.buffer))
+        """Rows the feeder may claim now.
+
+        Slots are for steps that are running or buffered. A row whose outcome is waiting
+        for its flush is still held (heartbeated, counted by `idle`), but its thread is
+        free; up to FLUSH.MAX_BATCH such rows do not take a slot, so the next batch is
+        claimed and run while the previous one commits.
+        """
+        waiting = len(self.in_flight) - self.running
+        over = waiting - self.flush_allowance
+        return self.concurrency + self.prefetch - (self.running + len(self.buffer) + max(over, 0))
 
     # --- loop -------------------------------------------------------------------
     def reclaim(self) -> int:
@@ -164,6 +174,8 @@ class Scheduler:
                 job = self.buffer.popleft()
                 self.in_flight[job.id] = job
                 self.running += 1
+                if not self.buffer:
+                    self._wake.set()  # the buffer ran dry: claim the next batch meanwhile
             self.flusher.step_started()
             submitted = False
             try:
