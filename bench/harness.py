@@ -488,6 +488,7 @@ def render_markdown(data: dict) -> str:
         "",
         render_table(benches),
         "",
+        *render_targets(data.get("benchmarks", {})),
     ]
     if env:
         pk = ", ".join(f"{k} {v}" for k, v in env.get("packages", {}).items())
@@ -509,6 +510,43 @@ def render_markdown(data: dict) -> str:
             out.append(f"  — {b['note']}")
     out.append("")
     return "\n".join(out)
+
+
+# SPEC §8 targets: (label, our benchmark, reference benchmark, required ratio).
+TARGETS = [
+    ("drain ≥ 1.5× pgqueuer tuned", "gd_drain_c50_p2", "pgqueuer", 1.5),
+    ("drain ≥ 50 % of the raw claim+complete ceiling", "gd_drain_c50_p2", "raw_claim_complete", 0.5),
+    ("sustained drain ≥ 50 % of the raw ceiling", "gd_sustained_200k", "raw_claim_complete", 0.5),
+    ("drain ≥ 10× procrastinate", "gd_drain_c50_p2", "procrastinate", 10.0),
+    ("drain ≥ 10× Django Tasks database backend", "gd_drain_c50_p2", "django_tasks_db", 10.0),
+    ("5-step machine steps/s ≥ job drain jobs/s", "gd_pipeline_5step_c50_p2", "gd_drain_c50_p2", 1.0),
+    ("insert_all ≥ 50 % of the raw batch-insert ceiling", "gd_insert_all_100k", "raw_insert_unnest", 0.5),
+]
+
+
+def render_targets(benchmarks: dict) -> list[str]:
+    """The SPEC §8 ratio targets, computed from the medians present (by how much met or missed)."""
+    lines = ["## Targets (SPEC §8, ratios of medians)", "",
+             "| target | ours | reference | ratio | required | met |", "|---|---:|---:|---:|---:|---|"]
+    for label, ours, ref, need in TARGETS:
+        a, b = benchmarks.get(ours), benchmarks.get(ref)
+        if not a or not b or not b.get("rate_median"):
+            continue
+        ratio = a["rate_median"] / b["rate_median"]
+        verdict = "yes" if ratio >= need else f"no — {ratio / need:.0%} of the bar"
+        lines.append(f"| {label} | {a['rate_median']:,.0f} | {b['rate_median']:,.0f} | {ratio:.2f} | {need:g} | {verdict} |")
+    lat = benchmarks.get("gd_idle_latency")
+    if lat:
+        ok = "yes" if lat["rate_median"] <= 10 else "no"
+        lines.append(f"| idle insert→done p50 ≤ 10 ms | {lat['rate_median']:.1f} ms | – | – | – | {ok} |")
+    sus = benchmarks.get("gd_sustained_200k")
+    if sus:
+        ratios = [s.get("last_vs_first") for s in sus.get("samples", []) if s.get("last_vs_first")]
+        if ratios:
+            med = statistics.median(ratios)
+            lines.append(f"| sustained: last quarter ≥ 70 % of the first | {med:.0%} | – | – | 0.7 | "
+                         f"{'yes' if med >= 0.7 else 'no'} |")
+    return lines + [""]
 
 
 def print_table(benchmarks: Iterable[dict], file=None) -> None:
