@@ -103,8 +103,8 @@ def _section(value, name, keys, eid):
             errors.append(Error(f"GEN_DURABLE['{name}'] has an unknown key {k!r}.",
                                 hint=f"Did you mean {close[0]!r}?" if close else f"Keys: {', '.join(keys)}.", id=ID + eid))
         elif not _num(v, positive=True) or (k == "BATCH" and not _int(v, minimum=1)) or (k == "MAX_BATCH" and not _int(v, minimum=1)):
-            if k == "RETENTION" and _num(v):
-                continue
+            if k in ("RETENTION", "MAX_DELAY") and _num(v):
+                continue  # 0 is meaningful: keep nothing / flush without lingering
             errors.append(Error(f"GEN_DURABLE['{name}']['{k}'] must be a positive number, got {v!r}.",
                                 hint="Durations are seconds; batches are ints.", id=ID + eid))
     return errors
@@ -142,6 +142,20 @@ def check_notify_and_limiter(app_configs=None, **kwargs):
     return errors
 
 
+def _limit_extras(section, name, cfg, keys):
+    errors = []
+    for k in cfg:
+        if k not in keys:
+            close = difflib.get_close_matches(str(k), keys, n=1)
+            errors.append(Error(f"GEN_DURABLE['{section}'][{name!r}] has an unknown key {k!r}.",
+                                hint=f"Did you mean {close[0]!r}?" if close else f"Keys: {', '.join(keys)}.",
+                                id=ID + "E007"))
+    if "shards" in cfg and not _int(cfg["shards"], minimum=1):
+        errors.append(Error(f"GEN_DURABLE['{section}'][{name!r}]['shards'] must be a positive int.",
+                            hint="Counter rows the budget is split over (default 1).", id=ID + "E007"))
+    return errors
+
+
 @register(Tags.compatibility)
 def check_limits(app_configs=None, **kwargs):
     """E007: RATE_LIMITS and CONCURRENCY_LIMITS entries."""
@@ -151,10 +165,17 @@ def check_limits(app_configs=None, **kwargs):
         if not isinstance(cfg, dict) or not _num(cfg.get("allowed"), minimum=0) or not _num(cfg.get("period"), positive=True):
             errors.append(Error(f"GEN_DURABLE['RATE_LIMITS'][{name!r}] needs 'allowed' (>= 0) and 'period' (seconds > 0).",
                                 hint='For example {"allowed": 100, "period": 60}.', id=ID + "E007"))
+            continue
+        errors += _limit_extras("RATE_LIMITS", name, cfg, ("allowed", "period", "burst", "shards"))
+        if "burst" in cfg and not _num(cfg["burst"], minimum=0):
+            errors.append(Error(f"GEN_DURABLE['RATE_LIMITS'][{name!r}]['burst'] must be a number >= 0.",
+                                hint="Tokens a cold bucket holds; default: allowed.", id=ID + "E007"))
     for name, cfg in (s.CONCURRENCY_LIMITS or {}).items() if isinstance(s.CONCURRENCY_LIMITS, dict) else ():
         if not isinstance(cfg, dict) or not _int(cfg.get("limit"), minimum=1):
             errors.append(Error(f"GEN_DURABLE['CONCURRENCY_LIMITS'][{name!r}] needs 'limit', a positive int.",
                                 hint='For example {"limit": 5}.', id=ID + "E007"))
+            continue
+        errors += _limit_extras("CONCURRENCY_LIMITS", name, cfg, ("limit", "shards"))
     for key in ("RATE_LIMITS", "CONCURRENCY_LIMITS"):
         if not isinstance(getattr(s, key), dict):
             errors.append(Error(f"GEN_DURABLE['{key}'] must be a dict.", hint="name -> options", id=ID + "E007"))

@@ -145,7 +145,8 @@ class Job(Machine):
             perform = getattr(cls, "perform", None)
             if perform is None or perform is Job.perform:
                 raise InvalidInput(f"Job {cls.__qualname__} must define perform(self, args, ctx)")
-            if not isinstance(cls.max_attempts, int) or cls.max_attempts < 1:
+            if (not isinstance(cls.max_attempts, int) or isinstance(cls.max_attempts, bool)
+                    or cls.max_attempts < 1):
                 raise InvalidInput(f"{cls.__qualname__}.max_attempts must be an int >= 1")
             extra = sorted(a for k in cls.__mro__ if k not in (Job, Machine, object)
                            for a, v in vars(k).items() if getattr(v, "_gd_step", False))

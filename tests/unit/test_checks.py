@@ -401,3 +401,21 @@ def test_database_alias_defaults_from_settings():
     assert conf.database_alias("other") == "other"
     with override_settings(GEN_DURABLE={"DATABASE": "jobs"}):
         assert conf.database_alias() == "jobs"
+
+
+def test_zero_flush_delay_is_accepted():
+    with override_settings(GEN_DURABLE={"FLUSH": {"MAX_DELAY": 0}}):
+        assert checks.check_sections() == []
+
+
+def test_limit_entries_reject_unknown_keys_and_bad_shards_or_burst():
+    with override_settings(GEN_DURABLE={
+        "RATE_LIMITS": {"api": {"allowed": 10, "period": 1, "brust": 5, "burst": -1}},
+        "CONCURRENCY_LIMITS": {"pool": {"limit": 2, "shards": 0}},
+    }):
+        msgs = [e.msg for e in checks.check_limits()]
+    assert msgs == [
+        "GEN_DURABLE['RATE_LIMITS']['api'] has an unknown key 'brust'.",
+        "GEN_DURABLE['RATE_LIMITS']['api']['burst'] must be a number >= 0.",
+        "GEN_DURABLE['CONCURRENCY_LIMITS']['pool']['shards'] must be a positive int.",
+    ]

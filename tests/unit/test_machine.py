@@ -397,3 +397,14 @@ def test_autodiscovered_machines_are_in_this_process_registry_too():
     machines = registry.all_machines()
     assert machines[("tests.Counter", 1)].__module__ == "tests.durable_app.durable"
     assert ("tests.Plain", 1) in machines
+
+
+def test_max_attempts_true_is_not_an_int():
+    import gen_durable as gd
+
+    with pytest.raises(gd.InvalidInput, match="max_attempts"):
+        class BoolAttempts(gd.Job):
+            max_attempts = True
+
+            def perform(self, args, ctx):
+                return None
