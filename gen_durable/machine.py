@@ -197,8 +197,11 @@ def jittered(delay: float) -> float:
     return delay * (0.75 + 0.25 * random.random())
 
 
-def job(fn=None, *, queue: str = "default", max_attempts: int = 20, name: str | None = None, version: int = 1):
+def job(fn=None, *, queue: str = "default", max_attempts: int = 20, name: str | None = None, version: int = 1,
+        backoff=None):
     """Make a Job from a function `fn(args)` or `fn(args, ctx)`; returns the Job class.
+
+    backoff: optional `f(attempt) -> seconds` replacing the default min(2**attempt, 300).
 
     Usage: `@gd.job(queue="email")` above `def send(args): ...`, then
     `gd.insert(send, args={...})` or `send.insert(args={...})`.
@@ -221,6 +224,8 @@ def job(fn=None, *, queue: str = "default", max_attempts: int = 20, name: str | 
             "__doc__": fn.__doc__,
             "func": staticmethod(fn),
         }
+        if backoff is not None:
+            attrs["backoff"] = lambda self, attempt: backoff(attempt)
         return type(fn.__name__, (Job,), attrs)
 
     return wrap(fn) if fn is not None else wrap

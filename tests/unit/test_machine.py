@@ -408,3 +408,13 @@ def test_max_attempts_true_is_not_an_int():
 
             def perform(self, args, ctx):
                 return None
+
+
+def test_job_decorator_takes_a_backoff_function():
+    import gen_durable as gd
+
+    @gd.job(name="tests.unit.quick_backoff", backoff=lambda attempt: 0.1 * (attempt + 1))
+    def quick(args):
+        return None
+
+    assert quick().backoff(0) == 0.1 and quick().backoff(4) == 0.5
