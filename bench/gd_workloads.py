@@ -18,8 +18,6 @@ import os
 import statistics
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import psycopg

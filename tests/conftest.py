@@ -1,5 +1,4 @@
 import itertools
-import os
 import uuid
 
 import pytest
@@ -30,6 +29,29 @@ def clean_tables(transactional_db):
     with connection.cursor() as cur:
         cur.execute("TRUNCATE gen_durable, gen_durable_signals, gen_durable_buckets, gen_durable_bucket_configs RESTART IDENTITY CASCADE")
     yield
+
+
+@pytest.fixture
+def committed(clean_tables):
+    """Committed rows (other sessions and processes see them), removed again at teardown."""
+    yield
+    with connection.cursor() as cur:
+        cur.execute("TRUNCATE gen_durable, gen_durable_signals RESTART IDENTITY CASCADE")
+
+
+@pytest.fixture
+def events():
+    """Telemetry events (name, measurements, metadata) emitted during the test."""
+    from gen_durable import telemetry
+
+    seen = []
+
+    def handler(event, measurements, metadata):
+        seen.append((event, measurements, metadata))
+
+    telemetry.attach("", handler)
+    yield seen
+    telemetry.detach(handler)
 
 
 def wait_until(predicate, timeout=10.0, interval=0.02, what="condition"):

@@ -2,7 +2,7 @@ import pytest
 
 import gen_durable as gd
 from gen_durable.testing import assert_done, drain
-from tests.durable_app.durable import Counter, Plain
+from tests.durable_app.durable import Counter
 
 pytestmark = pytest.mark.django_db
 

@@ -1,5 +1,3 @@
-import pytest
-from django.db import connection
 
 import gen_durable as gd
 from gen_durable.models import Instance

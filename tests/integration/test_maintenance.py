@@ -8,32 +8,11 @@ import pytest
 from django.db import connection
 
 from gen_durable import db as gd_db
-from gen_durable import telemetry
 from gen_durable.models import Instance
 from gen_durable.worker import claims, maintenance
 from tests.factories import InstanceFactory, TerminalFactory
 
 RETENTION = 3600.0
-
-
-@pytest.fixture
-def committed(clean_tables):
-    """Committed rows (other sessions must see them), removed again at teardown."""
-    yield
-    with connection.cursor() as cur:
-        cur.execute("TRUNCATE gen_durable, gen_durable_signals RESTART IDENTITY CASCADE")
-
-
-@pytest.fixture
-def events():
-    seen = []
-
-    def handler(event, measurements, metadata):
-        seen.append((event, measurements, metadata))
-
-    telemetry.attach("", handler)
-    yield seen
-    telemetry.detach(handler)
 
 
 @contextmanager

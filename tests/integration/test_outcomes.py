@@ -12,7 +12,6 @@ import pytest
 from django.db import connection
 
 import gen_durable as gd
-from gen_durable import telemetry
 from gen_durable.models import Instance, Signal
 from gen_durable.testing import drain
 from gen_durable.worker import claims, executor, maintenance
@@ -22,19 +21,6 @@ from tests.durable_app.durable import BadResult, BadReturn, Flow, Handled, Handl
 from tests.factories import InstanceFactory, SignalFactory
 
 W = "worker-a"
-
-
-@pytest.fixture
-def events():
-    """Telemetry events (name, measurements, metadata) emitted during the test."""
-    seen = []
-
-    def handler(event, measurements, metadata):
-        seen.append((event, measurements, metadata))
-
-    telemetry.attach("", handler)
-    yield seen
-    telemetry.detach(handler)
 
 
 def db_now():
@@ -245,13 +231,6 @@ def test_handled_step_runs_through_drain(queue_name):
     id_ = gd.insert(Handled, queue=queue_name)
     assert drain(queue=queue_name)["done"] == 1
     assert "step boom" in Instance.objects.get(id=id_).result["error"]
-
-
-@pytest.fixture
-def committed(clean_tables):
-    yield
-    with connection.cursor() as cur:
-        cur.execute("TRUNCATE gen_durable, gen_durable_signals RESTART IDENTITY CASCADE")
 
 
 def test_unknown_machine_fails_with_a_clear_error_and_the_engine_keeps_going(committed, engine, queue_name):

@@ -23,13 +23,6 @@ MANAGE = [sys.executable, str(ROOT / "tests" / "manage.py")]
 
 
 @pytest.fixture
-def committed(clean_tables):
-    yield
-    with connection.cursor() as cur:
-        cur.execute("TRUNCATE gen_durable, gen_durable_signals RESTART IDENTITY CASCADE")
-
-
-@pytest.fixture
 def keep_signal_handlers():
     """rundurable installs SIGTERM/SIGINT handlers in the process it runs in."""
     saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}

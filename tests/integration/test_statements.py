@@ -8,7 +8,6 @@ savepoints inside the test's transaction.
 """
 
 import pytest
-from django.db import connection
 
 import gen_durable as gd
 from gen_durable.outcomes import Next
@@ -17,14 +16,6 @@ from gen_durable.worker.flusher import flush
 from tests.durable_app.durable import Counter, Flow, Plain
 
 WORKER = "stmt-worker"
-
-
-@pytest.fixture
-def committed(clean_tables):
-    """Committed rows, removed again at teardown (drain() in other tests sees every queue)."""
-    yield
-    with connection.cursor() as cur:
-        cur.execute("TRUNCATE gen_durable, gen_durable_signals RESTART IDENTITY CASCADE")
 
 
 def claimed(queue, n, machine=Counter):

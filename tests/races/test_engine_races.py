@@ -19,7 +19,6 @@ import pytest
 from django.db import IntegrityError, connection, transaction
 
 import gen_durable as gd
-from gen_durable import telemetry
 from gen_durable.models import Instance
 from gen_durable.worker import claims, executor
 from gen_durable.worker.flusher import flush
@@ -44,25 +43,6 @@ django.setup()
 from tests.races.test_engine_races import claimer_process
 sys.exit(claimer_process(*sys.argv[1:]))
 """
-
-
-@pytest.fixture
-def committed(clean_tables):
-    yield
-    with connection.cursor() as cur:
-        cur.execute("TRUNCATE gen_durable, gen_durable_signals RESTART IDENTITY CASCADE")
-
-
-@pytest.fixture
-def events():
-    seen = []
-
-    def handler(event, measurements, metadata):
-        seen.append((event, measurements, metadata))
-
-    telemetry.attach("", handler)
-    yield seen
-    telemetry.detach(handler)
 
 
 # --- the child process ---------------------------------------------------------------

@@ -21,7 +21,6 @@ import pytest
 from django.db import connection
 
 import gen_durable as gd
-from gen_durable import telemetry
 from gen_durable.models import Instance
 from gen_durable.worker.supervisor import worker_prefix
 from tests.conftest import wait_until
@@ -32,25 +31,6 @@ ROOT = Path(__file__).resolve().parents[2]
 # --skip-checks: tests.settings installs the admin without its middleware (admin.E408-410).
 RUNDURABLE = [sys.executable, str(ROOT / "tests" / "manage.py"), "rundurable", "--skip-checks",
               "--verbosity", "0"]
-
-
-@pytest.fixture
-def committed(clean_tables):
-    yield
-    with connection.cursor() as cur:
-        cur.execute("TRUNCATE gen_durable, gen_durable_signals RESTART IDENTITY CASCADE")
-
-
-@pytest.fixture
-def events():
-    seen = []
-
-    def handler(event, measurements, metadata):
-        seen.append((event, measurements, metadata))
-
-    telemetry.attach("", handler)
-    yield seen
-    telemetry.detach(handler)
 
 
 @pytest.fixture
