@@ -177,7 +177,7 @@ def insert_rows(rows: list[Row], parent_ids=None, using=None) -> list[int | None
         "concurrency_key": arr([r.concurrency_key for r in rows]),
         "rate_limit": arr([r.rate_limit for r in rows]), "weight": arr([r.weight for r in rows]),
         "correlation_key": arr([r.correlation_key for r in rows]),
-        "scope": arr([",".join(r.scope) for r in rows]),
+        "scope": arr([None if r.scope == LIVE_STATUSES else ",".join(r.scope) for r in rows]),
         "parent_id": arr(list(parent_ids) if parent_ids is not None else [None] * n),
         "ord": arr(list(range(n))),
     }

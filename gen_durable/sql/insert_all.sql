@@ -5,7 +5,8 @@
 --   count is fixed for any batch size: fsm text[], fsm_version int[], step text[],
 --   state text[] (JSON), queue text[], priority int[], at timestamptz[], delay float8[],
 --   concurrency_key text[], rate_limit text[], weight float8[], correlation_key text[],
---   scope text[] (comma-joined statuses; enum labels hold no comma), parent_id bigint[],
+--   scope text[] (comma-joined statuses, enum labels hold no comma; NULL = the default
+--   live statuses, which skips the per-row parse), parent_id bigint[],
 --   ord int[] (input position).
 -- Rows go in ORDER BY correlation_key: two batches racing on the same new keys then
 -- meet in one order on the unique index and conflict cleanly instead of deadlocking.
@@ -26,7 +27,10 @@ WITH input AS (
     SELECT fsm, fsm_version, step, state::jsonb, queue, priority,
            COALESCE(at, now() + make_interval(secs => delay)),
            concurrency_key, rate_limit, weight, correlation_key,
-           string_to_array(scope, ',')::gen_durable_status[], parent_id
+           CASE WHEN scope IS NULL
+                THEN '{runnable,executing,awaiting_signal,awaiting_children}'::gen_durable_status[]
+                ELSE string_to_array(scope, ',')::gen_durable_status[] END,
+           parent_id
     FROM input
     ORDER BY correlation_key, ord
     ON CONFLICT (correlation_guard) WHERE correlation_guard IS NOT NULL DO NOTHING
