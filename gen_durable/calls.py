@@ -18,7 +18,7 @@ from .codec import encode
 from .exceptions import DuplicateInstance, InvalidInput, NoTarget
 from .machine import Machine
 from .statuses import LIVE_STATUSES, Status
-from .outcomes import Spec, key_string, seconds
+from .outcomes import Spec, key_string, seconds, text
 
 SMALLINT = (-32768, 32767)
 STATUSES = frozenset(Status.values)
@@ -83,12 +83,14 @@ def build_row(machine, *, state=None, args=None, step=None, queue=None, priority
     queue = cls.queue if queue is None else queue
     if not isinstance(queue, str) or not queue.strip():
         raise InvalidInput(f"queue must be a non-empty string, got {queue!r}")
+    text(queue, "queue")
     if isinstance(priority, bool) or not isinstance(priority, int) or not SMALLINT[0] <= priority <= SMALLINT[1]:
         raise InvalidInput(f"priority must be an int in [{SMALLINT[0]}, {SMALLINT[1]}] (lower runs first), got {priority!r}")
+    priority = int(priority)  # an IntEnum renders as its name otherwise
     at = _aware(eligible_at, "eligible_at") or _aware(schedule_at, "schedule_at")
     delay = 0.0 if schedule_in is None else min(seconds(schedule_in, "schedule_in"), MAX_DELAY)
-    if correlation_key is not None and (not isinstance(correlation_key, str) or not correlation_key):
-        raise InvalidInput(f"correlation_key must be a non-empty string, got {correlation_key!r}")
+    if correlation_key is not None:
+        text(correlation_key, "correlation_key")
     if correlation_scope is None:
         scope = LIVE_STATUSES
     else:
@@ -245,10 +247,9 @@ def signal(target, name: str, payload=None, *, dedup_key: str | None = None, usi
     """
     from .results import target_params
 
-    if not isinstance(name, str) or not name:
-        raise InvalidInput(f"signal name must be a non-empty string, got {name!r}")
-    if dedup_key is not None and (not isinstance(dedup_key, str) or not dedup_key):
-        raise InvalidInput(f"dedup_key must be a non-empty string or None, got {dedup_key!r}")
+    text(name, "signal name")
+    if dedup_key is not None:
+        text(dedup_key, "dedup_key")
     params = target_params(target)
     params.update(name=name, dedup_key=dedup_key,
                   payload=encode(payload, f"payload of signal {name!r}", get_settings().MAX_PAYLOAD_BYTES))
@@ -263,12 +264,17 @@ def cancel(target, reason: str = "cancelled", *, using=None) -> int:
 
     A step still running for it finishes, but its outcome is dropped by the ownership
     guard. A cancelled child counts off its parent's join like any terminal child.
+    Cancelling a running step frees its concurrency key at once: another instance of
+    the key may start while the cancelled step is still finishing (K=1 then holds for
+    committed outcomes only).
     Raises NoTarget for a missing or already terminal target.
     """
     from .results import target_params
 
     params = target_params(target)
-    params["reason"] = reason if isinstance(reason, str) else repr(reason)
+    from .codec import clean_text
+
+    params["reason"] = clean_text(reason if isinstance(reason, str) else "cancelled" if reason is None else repr(reason))
     row = db.fetchone(sql.CANCEL, params, using)
     if row is None:
         raise NoTarget(target)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import re
 import types
 import typing
 import uuid
@@ -44,7 +45,22 @@ class Encoder(DjangoJSONEncoder):
 
 
 # One shared instance: json.dumps(cls=...) would build an encoder per call (hot path).
-_ENCODER = Encoder(separators=(",", ":"), allow_nan=False)
+# ensure_ascii=False leaves a lone surrogate as a character, so the UTF-8 encoding
+# below rejects it (as escaped ASCII it would pass here and fail in Postgres).
+_ENCODER = Encoder(separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+# \u0000 that is not an escaped backslash followed by "u0000": jsonb cannot store NUL.
+_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def clean_text(text: str) -> str:
+    """Make free text storable in a Postgres text column (NUL and lone surrogates escaped)."""
+    if "\x00" in text:
+        text = text.replace("\x00", "\\x00")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
 
 
 def encode(value, what: str, limit: int | None = None) -> str:
@@ -54,11 +70,14 @@ def encode(value, what: str, limit: int | None = None) -> str:
     """
     try:
         text = _ENCODER.encode(value)
-    except (TypeError, ValueError) as exc:
+        size = len(text.encode("utf-8"))
+    except (TypeError, ValueError) as exc:  # UnicodeEncodeError is a ValueError
         raise SerializationError(f"{what} is not JSON-serialisable: {exc}") from exc
-    if limit is not None and len(text) > limit and len(text.encode()) > limit:
+    if "\\u0000" in text and _NUL.search(text):
+        raise SerializationError(f"{what} contains a NUL character (\\x00), which Postgres jsonb cannot store")
+    if limit is not None and size > limit:
         raise SerializationError(
-            f"{what} is {len(text.encode())} bytes of JSON, over the {limit}-byte limit "
+            f"{what} is {size} bytes of JSON, over the {limit}-byte limit "
             "(GEN_DURABLE['MAX_PAYLOAD_BYTES']); store large data elsewhere and keep a reference"
         )
     return text

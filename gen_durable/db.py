@@ -63,8 +63,10 @@ def pg_array(values) -> str:
             out.append("t")
         elif v is False:
             out.append("f")
-        elif isinstance(v, (int, float)):
-            out.append(repr(v))
+        elif isinstance(v, int):
+            out.append(str(int(v)))  # int(): an IntEnum's str/repr is its name
+        elif isinstance(v, float):
+            out.append(repr(float(v)))
         elif isinstance(v, str):
             out.append(_text_element(v))
         else:  # datetime and friends

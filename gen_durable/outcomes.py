@@ -37,9 +37,25 @@ def seconds(value, what: str) -> float:
         value = value.total_seconds()
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InvalidInput(f"{what} must be seconds (int, float or timedelta), got {value!r}")
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:
+        raise InvalidInput(f"{what} is too large a number of seconds: {value!r}") from None
     if math.isnan(value) or value < 0 or math.isinf(value):
         raise InvalidInput(f"{what} must be a finite number of seconds >= 0, got {value!r}")
+    return value
+
+
+def text(value, what: str) -> str:
+    """Check a name or key is a non-empty str Postgres can store (no NUL, valid UTF-8)."""
+    if not isinstance(value, str) or not value:
+        raise InvalidInput(f"{what} must be a non-empty string, got {value!r}")
+    if "\x00" in value:
+        raise InvalidInput(f"{what} contains a NUL character (\\x00), which Postgres text cannot store: {value!r}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInput(f"{what} is not valid Unicode (a lone surrogate?): {value!r}") from None
     return value
 
 
@@ -51,18 +67,16 @@ def key_string(value, what: str):
         if len(value) != 2:
             raise InvalidInput(f"{what} must be a name or a (name, partition) pair, got {value!r}")
         value = f"{value[0]}:{value[1]}"
-    if not isinstance(value, str) or not value:
-        raise InvalidInput(f"{what} must be a non-empty string, got {value!r}")
-    return value
+    return text(value, what)
 
 
 def _names(names) -> tuple[str, ...]:
     if isinstance(names, str):
         names = (names,)
     names = tuple(names)
-    if not names or not all(isinstance(n, str) and n for n in names):
+    if not names:
         raise InvalidInput(f"Await needs one or more non-empty signal names, got {names!r}")
-    return names
+    return tuple(text(n, "Await signal name") for n in names)
 
 
 @dataclass(frozen=True)

@@ -68,7 +68,15 @@ def target_params(target) -> dict:
         from .exceptions import InvalidInput
 
         raise InvalidInput(f"target must be an instance id (int) or a correlation key (str), got {target!r}")
-    return {"id": target, "key": None} if isinstance(target, int) else {"id": None, "key": target}
+    if isinstance(target, int):
+        if not -(2**63) <= target < 2**63:
+            from .exceptions import InvalidInput
+
+            raise InvalidInput(f"instance ids are 64-bit integers, got {target!r}")
+        return {"id": int(target), "key": None}
+    from .outcomes import text
+
+    return {"id": None, "key": text(target, "correlation key")}
 
 
 def get(target, *, using=None) -> Snapshot | None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from .. import registry, telemetry
 from ..calls import Row, build_row
-from ..codec import encode, encode_state, load_typed
+from ..codec import clean_text, encode, encode_state, load_typed
 from ..conf import get_settings
 from ..exceptions import InvalidOutcome, UnknownMachine
 from ..machine import Context
@@ -58,7 +58,7 @@ class Entry:
 
 
 def error_text(error: BaseException) -> str:
-    text = f"{type(error).__name__}: {error}"
+    text = clean_text(f"{type(error).__name__}: {error}")
     return text if len(text) <= 4000 else text[:4000] + "…"
 
 
@@ -98,13 +98,15 @@ def _run(cls, job: Claimed) -> Entry:
         outcome = getattr(machine, method)(ctx)
         return to_entry(outcome, cls, job, consumed=tuple(s.id for s in awaited),
                         presented=tuple(s.id for s in awaited))
-    except Exception as error:
-        # handle() sees no inputs, and its outcome consumes none (behaviours OUT-08).
+    except BaseException as error:
+        # Any exception, SystemExit included (a step thread is not the main thread, so
+        # nothing else would stop): handle() sees no inputs, and its outcome consumes
+        # none (behaviours OUT-08). An unbounded lease/re-run loop is the alternative.
         hctx = dataclasses.replace(ctx, awaited=[], all=[], children=[])
         try:
             outcome = machine.handle(error, hctx)
             entry = to_entry(outcome, cls, job, consumed=(), presented=())
-        except Exception as handle_error:
+        except BaseException as handle_error:
             return stop_entry(job, f"handle() failed: {error_text(handle_error)} "
                                    f"(while handling {error_text(error)})")
         if entry.kind in ("retry", "stop") and entry.error is None:
@@ -140,7 +142,8 @@ def to_entry(outcome, cls, job: Claimed, *, consumed, presented) -> Entry:
     if isinstance(outcome, Await):
         _check_step(cls, outcome.next, outcome)
         return Entry(kind="await", step=outcome.next, state=_state(outcome.state, cls, job),
-                     awaits=encode(list(outcome.names), "await names"), timeout=outcome.timeout,
+                     awaits=encode(list(outcome.names), "await names"),
+                     timeout=None if outcome.timeout is None else min(outcome.timeout, MAX_DELAY),
                      presented=presented, **base)
     if isinstance(outcome, ScheduleChildren):
         _check_step(cls, outcome.next, outcome)
@@ -152,7 +155,7 @@ def to_entry(outcome, cls, job: Claimed, *, consumed, presented) -> Entry:
                                                 get_settings().MAX_PAYLOAD_BYTES), **base)
     if isinstance(outcome, Stop):
         reason = outcome.reason if isinstance(outcome.reason, str) else repr(outcome.reason)
-        return Entry(kind="stop", error=reason, **base)
+        return Entry(kind="stop", error=clean_text(reason), **base)
     raise InvalidOutcome(f"{cls.name}.{job.step} returned {outcome!r}, which is not an outcome "
                          "(Next, Retry, Await, ScheduleChildren, Done or Stop)")
 

@@ -14,6 +14,7 @@ batch is below MAX_BATCH — so an idle worker pays no added latency.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -25,10 +26,12 @@ from django.db import DatabaseError, InterfaceError, OperationalError, transacti
 
 from .. import db, sql, telemetry
 from ..calls import insert_rows
+from ..codec import clean_text
 from ..conf import database_alias
 
 logger = logging.getLogger("gen_durable.flusher")
 
+UNSTORABLE = "outcome could not be stored"
 COMMIT_TIMEOUT = 30.0  # seconds a worker waits for its flush (the lease is the real floor)
 
 
@@ -197,20 +200,28 @@ class Flusher:
         started = time.perf_counter()
         try:
             result = flush(entries, self.using)
+        except (OperationalError, InterfaceError) as exc:
+            return self._fail(batch, exc, reconnect=True)
+        except DatabaseError as exc:
+            # The data of some outcome cannot be stored (a value Postgres rejects). One
+            # bad outcome must not hold back the others of its batch, again at every
+            # lease: flush them one by one, and store a failing one as a Stop.
+            if len(batch) > 1:
+                logger.warning("flush of %d outcomes failed (%s); retrying them one by one", len(batch), exc)
+                for item in batch:
+                    self._flush([item])
+                return None
+            entry, fut = batch[0]
+            if entry.kind == "stop" and entry.error and entry.error.startswith(UNSTORABLE):
+                return self._fail(batch, exc, reconnect=False)
+            stop = dataclasses.replace(
+                entry, kind="stop", step=None, state=None, result=None, awaits=None, timeout=None,
+                set_key=False, new_key=None, rate_limit=None, weight=1.0, consumed=(), presented=(),
+                children=[], error=clean_text(f"{UNSTORABLE} ({entry.kind} of step {entry.from_step!r}): {exc}"))
+            logger.error("outcome of %s#%s cannot be stored (%s); failing the instance", entry.fsm, entry.id, exc)
+            return self._flush([(stop, fut)])
         except Exception as exc:
-            logger.error("flush of %d outcomes failed: %s", len(entries), exc)
-            telemetry.emit("flush.error", {"count": len(entries)}, {"error": repr(exc)})
-            if isinstance(exc, (OperationalError, InterfaceError)) or not isinstance(exc, DatabaseError):
-                db.connection(self.using).close()  # reconnect on the next flush
-            if self.on_failure is not None:
-                try:
-                    self.on_failure(entries)
-                except Exception:
-                    logger.exception("on_failure callback failed")
-            for _, fut in batch:
-                if fut is not None:
-                    fut.set_exception(exc)
-            return
+            return self._fail(batch, exc, reconnect=True)
         telemetry.emit("flush.stop", {"count": len(entries), "stale": len(result.stale),
                                       "duration": time.perf_counter() - started}, {})
         if self.limiter is not None:
@@ -229,3 +240,20 @@ class Flusher:
         for entry, fut in batch:
             if fut is not None:
                 fut.set_result("stale" if entry.id in stale else "committed")
+        return None
+
+    def _fail(self, batch, exc, *, reconnect):
+        """Nothing of `batch` committed: the rows stay executing until their leases lapse."""
+        entries = [e for e, _ in batch]
+        logger.error("flush of %d outcomes failed: %s", len(entries), exc)
+        telemetry.emit("flush.error", {"count": len(entries)}, {"error": repr(exc)})
+        if reconnect:
+            db.connection(self.using).close()  # reconnect on the next flush
+        if self.on_failure is not None:
+            try:
+                self.on_failure(entries)
+            except Exception:
+                logger.exception("on_failure callback failed")
+        for _, fut in batch:
+            if fut is not None:
+                fut.set_exception(exc)
