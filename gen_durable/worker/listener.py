@@ -9,35 +9,25 @@ notifications sent while it was down are gone. Polling stays the floor.
 from __future__ import annotations
 
 import logging
-import threading
-
 import psycopg
 
 from .. import db
+from .roles import Role
 
 logger = logging.getLogger("gen_durable.listener")
 
 CHANNEL = "gen_durable"
 
 
-class Listener:
+class Listener(Role):
     def __init__(self, on_wake, on_reconnect, using=None, channel=CHANNEL):
         self.channel = channel
         self.on_wake = on_wake
         self.on_reconnect = on_reconnect
         self.using = using
-        self._stop = threading.Event()
         self._conn = None
         self.connects = 0
-        self._thread = threading.Thread(target=self._loop, name=f"gd-listen-{channel}", daemon=True)
-
-    def start(self):
-        self._thread.start()
-        return self
-
-    def stop(self, timeout=5):
-        self._stop.set()
-        self._thread.join(timeout)
+        super().__init__(f"gd-listen-{channel}")
 
     def _connect(self):
         params = db.connection(self.using).get_connection_params()

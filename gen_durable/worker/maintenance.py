@@ -8,9 +8,9 @@ are immutable, so no leader election is needed (behaviours GC-07).
 from __future__ import annotations
 
 import logging
-import threading
 
 from .. import db, sql, telemetry
+from .roles import Role
 
 logger = logging.getLogger("gen_durable.maintenance")
 
@@ -57,21 +57,12 @@ def gc(retention: float, batch: int, using=None, limiter=None) -> int:
     return deleted
 
 
-class Periodic:
+class Periodic(Role):
     """A daemon thread calling `fn()` every `interval` seconds until stopped."""
 
     def __init__(self, name, interval, fn, using=None):
         self.name, self.interval, self.fn, self.using = name, interval, fn, using
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name=f"gd-{name}", daemon=True)
-
-    def start(self):
-        self._thread.start()
-        return self
-
-    def stop(self, timeout=5):
-        self._stop.set()
-        self._thread.join(timeout)
+        super().__init__(f"gd-{name}")
 
     def _loop(self):
         while not self._stop.wait(self.interval):

@@ -8,7 +8,6 @@ import pytest
 from django.db import connection
 
 import gen_durable as gd
-from gen_durable import db as gd_db
 from gen_durable import sql, telemetry
 from gen_durable.models import Instance, Signal
 from gen_durable.testing import assert_done, assert_failed, drain
@@ -17,6 +16,7 @@ from gen_durable.worker.claims import pick
 from gen_durable.worker.executor import execute
 from gen_durable.worker.maintenance import gc, reap
 from tests.conftest import wait_until
+from tests.helpers import ConnectionThread, PausingDb
 from tests.durable_app.signal_machines import (
     JOIN_RUNS,
     AwaitThenSpawn,
@@ -44,47 +44,6 @@ def children_of(id_):
 def run_one(queue, worker="w-test", limit=1):
     """Claim and run up to `limit` rows of `queue`, flushing each; return the flush results."""
     return [flusher.flush([execute(job)]) for job in pick(queue, limit, worker, 30)]
-
-
-class _Thread(threading.Thread):
-    """Run `fn` on its own Django connection; join_result() re-raises its error."""
-
-    def __init__(self, fn):
-        super().__init__(daemon=True)
-        self.fn, self.result, self.error = fn, None, None
-
-    def run(self):
-        try:
-            self.result = self.fn()
-        except BaseException as exc:
-            self.error = exc
-        finally:
-            connection.close()
-
-    def join_result(self, timeout=30):
-        self.join(timeout)
-        assert not self.is_alive(), "thread did not finish"
-        if self.error is not None:
-            raise self.error
-        return self.result
-
-
-class _PausingDb:
-    """gen_durable.db as flusher.flush sees it, with a hook after chosen statements (a
-    seam inside the real flush transaction; every statement still runs)."""
-
-    def __init__(self, after):
-        self.after = after
-
-    def __getattr__(self, name):
-        return getattr(gd_db, name)
-
-    def fetchall(self, text, params=None, using=None):
-        rows = gd_db.fetchall(text, params, using)
-        hook = self.after.get(text)
-        if hook is not None:
-            hook()
-        return rows
 
 
 def test_a_fan_out_of_1000_children_joins_exactly_once(engine, queue_name):
@@ -249,8 +208,8 @@ def test_spawn_and_park_are_atomic(transactional_db, queue_name, monkeypatch):
         spawned.set()
         assert release.wait(30)
 
-    monkeypatch.setattr(flusher, "db", _PausingDb({sql.SPAWN_PARK: after_spawn_park}))
-    a = _Thread(lambda: flusher.flush([entry]))
+    monkeypatch.setattr(flusher, "db", PausingDb({sql.SPAWN_PARK: after_spawn_park}, after=True))
+    a = ConnectionThread(lambda: flusher.flush([entry]))
     a.start()
     assert spawned.wait(30)
     try:

@@ -8,7 +8,6 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 import gen_durable as gd
-from gen_durable import db as gd_db
 from gen_durable import sql, telemetry
 from gen_durable.models import Instance, Signal
 from gen_durable.testing import assert_awaiting, assert_done, assert_failed, drain, fire_timeouts
@@ -17,6 +16,7 @@ from gen_durable.worker.claims import pick
 from gen_durable.worker.executor import execute
 from gen_durable.worker.maintenance import expire_awaits
 from tests.conftest import wait_until
+from tests.helpers import ConnectionThread, PausingDb
 from tests.durable_app.durable import Plain
 from tests.durable_app.signal_machines import (
     AwaitRetry,
@@ -42,52 +42,6 @@ def park(machine, queue, **kw):
     id_ = gd.insert(machine, queue=queue, **kw)
     assert drain(queue)["await"] == 1
     return id_
-
-
-class _Thread(threading.Thread):
-    """Run `fn` on its own Django connection; join_result() re-raises its error."""
-
-    def __init__(self, fn):
-        super().__init__(daemon=True)
-        self.fn, self.result, self.error = fn, None, None
-
-    def run(self):
-        try:
-            self.result = self.fn()
-        except BaseException as exc:  # re-raised in the test thread
-            self.error = exc
-        finally:
-            connection.close()
-
-    def join_result(self, timeout=30):
-        self.join(timeout)
-        assert not self.is_alive(), "thread did not finish"
-        if self.error is not None:
-            raise self.error
-        return self.result
-
-
-class _PausingDb:
-    """gen_durable.db as flusher.flush sees it, with a hook run before (or after) chosen statements.
-
-    A seam between two statements of the real flush transaction — every statement still
-    goes to the database (no cursor is mocked).
-    """
-
-    def __init__(self, hooks, after=False):
-        self.hooks, self.after = hooks, after
-
-    def __getattr__(self, name):
-        return getattr(gd_db, name)
-
-    def fetchall(self, text, params=None, using=None):
-        hook = self.hooks.get(text)
-        if hook is not None and not self.after:
-            hook()
-        rows = gd_db.fetchall(text, params, using)
-        if hook is not None and self.after:
-            hook()
-        return rows
 
 
 def _waits_on_lock(pid):
@@ -154,7 +108,7 @@ def test_concurrent_duplicate_deliveries_of_one_dedup_key_store_one_row(transact
         barrier.wait(10)
         return gd.signal(id_, "go", {"from": threading.get_ident()}, dedup_key="pay-1")
 
-    threads = [_Thread(deliver) for _ in range(8)]
+    threads = [ConnectionThread(deliver) for _ in range(8)]
     for t in threads:
         t.start()
     returned = [t.join_result() for t in threads]
@@ -408,8 +362,8 @@ def _park_first(monkeypatch, queue_name, deliver):
         parked.set()
         assert go_recheck.wait(30)
 
-    monkeypatch.setattr(flusher, "db", _PausingDb({sql.PARK_RECHECK: before_recheck}))
-    session_a = _Thread(lambda: flusher.flush([entry]))
+    monkeypatch.setattr(flusher, "db", PausingDb({sql.PARK_RECHECK: before_recheck}))
+    session_a = ConnectionThread(lambda: flusher.flush([entry]))
     session_a.start()
     assert parked.wait(30), "session A never parked"
 
@@ -423,7 +377,7 @@ def _park_first(monkeypatch, queue_name, deliver):
             assert a_committed.wait(30)
         return sid
 
-    session_b = _Thread(b)
+    session_b = ConnectionThread(b)
     session_b.start()
     assert b_ready.wait(30)
     how = wait_until(lambda: ("returned" if b_statement_done.is_set() else
@@ -482,8 +436,8 @@ def test_a_signal_racing_a_terminal_outcome_raises_no_target_and_stores_nothing(
         flushed.set()
         assert finish.wait(30)
 
-    monkeypatch.setattr(flusher, "db", _PausingDb({sql.FLUSH: after_flush}, after=True))
-    a = _Thread(lambda: flusher.flush([entry]))
+    monkeypatch.setattr(flusher, "db", PausingDb({sql.FLUSH: after_flush}, after=True))
+    a = ConnectionThread(lambda: flusher.flush([entry]))
     a.start()
     assert flushed.wait(30)
     b_pid = {}
@@ -493,7 +447,7 @@ def test_a_signal_racing_a_terminal_outcome_raises_no_target_and_stores_nothing(
         b_pid["pid"] = connection.connection.info.backend_pid
         return gd.signal(id_, "late", {"v": 2})
 
-    session_b = _Thread(b)
+    session_b = ConnectionThread(b)
     session_b.start()
     wait_until(lambda: "pid" in b_pid and _waits_on_lock(b_pid["pid"]), what="B to wait for A's row lock")
     finish.set()
@@ -515,7 +469,7 @@ def test_a_signal_racing_the_park_is_not_lost_deliver_first(transactional_db, qu
             cur.execute("SELECT status::text FROM gen_durable WHERE id = %s", [id_])
             seen_before_recheck["status"] = cur.fetchone()[0]
 
-    monkeypatch.setattr(flusher, "db", _PausingDb({sql.PARK_RECHECK: before_recheck}))
+    monkeypatch.setattr(flusher, "db", PausingDb({sql.PARK_RECHECK: before_recheck}))
 
     def session_a():
         with transaction.atomic():
@@ -525,7 +479,7 @@ def test_a_signal_racing_the_park_is_not_lost_deliver_first(transactional_db, qu
             assert delivered.wait(30)
             return flusher.flush([entry])
 
-    a = _Thread(session_a)
+    a = ConnectionThread(session_a)
     a.start()
     assert opened.wait(30)
     gd.signal(id_, "go", {"v": 2})  # B: delivered to the still-executing row, committed

@@ -1,0 +1,53 @@
+"""Helpers shared by the tests that open a second database session."""
+
+import threading
+
+from django.db import connection
+
+from gen_durable import db as gd_db
+
+
+class ConnectionThread(threading.Thread):
+    """Run `fn` on its own Django connection; join_result() re-raises its error."""
+
+    def __init__(self, fn):
+        super().__init__(daemon=True)
+        self.fn, self.result, self.error = fn, None, None
+
+    def run(self):
+        try:
+            self.result = self.fn()
+        except BaseException as exc:  # re-raised in the test thread
+            self.error = exc
+        finally:
+            connection.close()
+
+    def join_result(self, timeout=30):
+        self.join(timeout)
+        assert not self.is_alive(), "thread did not finish"
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+class PausingDb:
+    """gen_durable.db as flusher.flush sees it, with a hook run before (or after) chosen statements.
+
+    A seam between two statements of the real flush transaction — every statement still
+    goes to the database (no cursor is mocked).
+    """
+
+    def __init__(self, hooks, after=False):
+        self.hooks, self.after = hooks, after
+
+    def __getattr__(self, name):
+        return getattr(gd_db, name)
+
+    def fetchall(self, text, params=None, using=None):
+        hook = self.hooks.get(text)
+        if hook is not None and not self.after:
+            hook()
+        rows = gd_db.fetchall(text, params, using)
+        if hook is not None and self.after:
+            hook()
+        return rows
