@@ -2,7 +2,7 @@
 
 Shape (seed performance doc §8, scaled by `total`): 30 % runnable across 3 queues and
 3 priorities, 0.5 % executing, the rest terminal (10 % of those children of terminal
-parents); 5 % of the rows get an inbox signal.
+parents); about 5 % of the rows (live or failed) get an inbox signal.
 """
 
 SEED = """
@@ -22,7 +22,7 @@ SELECT 'tests.Plain', 'start',
        now() - make_interval(secs => (i %% 200000))
 FROM generate_series(1, %(total)s) AS i;
 INSERT INTO gen_durable_signals (target_id, name, payload)
-SELECT id, 'go', '{}'::jsonb FROM gen_durable WHERE id %% 20 = 0 AND status <> 'done';
+SELECT id, 'go', '{}'::jsonb FROM gen_durable WHERE id %% 13 = 0 AND status <> 'done';
 ANALYZE gen_durable;
 ANALYZE gen_durable_signals;
 """
