@@ -93,13 +93,7 @@ def workload(url: str, *, n: int = N, workers: int = WORKERS, conn_max_age: str 
     left = harness.count(url, f"SELECT count(*) FROM {TABLE} WHERE status <> 'SUCCESSFUL'")
     if left:
         raise harness.BenchError(f"django-tasks-db: {left} tasks not SUCCESSFUL")
-    return {
-        "rate": n / res["elapsed_s"],
-        "unit": "jobs/s",
-        "n": n,
-        "elapsed_s": res["elapsed_s"],
-        "enqueue_s": enqueue_s,
-        "enqueue_rate": n / enqueue_s,
+    return harness.rate_sample(n, res["elapsed_s"], unit="jobs/s", enqueue_s=enqueue_s) | {
         "workers_cpu_s": res["workers_cpu_s"],
         "worker_exit_s": res["worker_exit_s"],
         "knobs": {"workers": workers, "CONN_MAX_AGE": conn_max_age,
@@ -132,11 +126,7 @@ def main() -> None:
     ap.add_argument("--conn-max-age", default=CONN_MAX_AGE, help='"none" (persistent, default) or seconds; "0" = Django default')
     ap.add_argument("--save", action="store_true", help="merge into bench/results/")
     a = ap.parse_args()
-    s = harness.run_benchmark(
-        "django_tasks_db", lambda u: workload(u, n=a.n, workers=a.workers, conn_max_age=a.conn_max_age), a.runs)
-    harness.print_table([s])
-    if a.save:
-        harness.save_results([s], env=harness.environment())
+    harness.standalone("django_tasks_db", lambda u: workload(u, n=a.n, workers=a.workers, conn_max_age=a.conn_max_age), a.runs, a.save)
 
 
 if __name__ == "__main__":

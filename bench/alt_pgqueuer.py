@@ -99,13 +99,7 @@ async def _drain(url: str, n: int, batch: int, consumers: int, timeout: float) -
         await conn.close()
     if queued != 0 or ok != n or completed != n:
         raise harness.BenchError(f"pgqueuer: queue left {queued}, logged successful {ok}, ran {completed}, expected {n}")
-    return {
-        "rate": n / elapsed,
-        "unit": "jobs/s",
-        "n": n,
-        "elapsed_s": elapsed,
-        "enqueue_s": enqueue_s,
-        "enqueue_rate": n / enqueue_s,
+    return harness.rate_sample(n, elapsed, unit="jobs/s", enqueue_s=enqueue_s) | {
         "client_cpu_s": client_cpu_s,  # CPU of the consumer process during the drain
         "knobs": {"batch_size": batch, "consumers": consumers, "driver": "asyncpg",
                   "loop": "uvloop", "durability": "durable", "mode": "drain"},
@@ -130,11 +124,7 @@ def main() -> None:
     ap.add_argument("--consumers", type=int, default=CONSUMERS)
     ap.add_argument("--save", action="store_true", help="merge into bench/results/")
     a = ap.parse_args()
-    s = harness.run_benchmark(
-        "pgqueuer", lambda u: workload(u, n=a.n, batch=a.batch, consumers=a.consumers), a.runs)
-    harness.print_table([s])
-    if a.save:
-        harness.save_results([s], env=harness.environment())
+    harness.standalone("pgqueuer", lambda u: workload(u, n=a.n, batch=a.batch, consumers=a.consumers), a.runs, a.save)
 
 
 if __name__ == "__main__":

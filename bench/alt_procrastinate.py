@@ -97,13 +97,7 @@ def workload(url: str, *, n: int = N, workers: int = WORKERS, concurrency: int =
     left = harness.count(url, "SELECT count(*) FROM procrastinate_jobs WHERE status <> 'succeeded'")
     if left:
         raise harness.BenchError(f"procrastinate: {left} jobs not succeeded")
-    return {
-        "rate": n / res["elapsed_s"],
-        "unit": "jobs/s",
-        "n": n,
-        "elapsed_s": res["elapsed_s"],
-        "enqueue_s": enqueue_s,
-        "enqueue_rate": n / enqueue_s,
+    return harness.rate_sample(n, res["elapsed_s"], unit="jobs/s", enqueue_s=enqueue_s) | {
         "workers_cpu_s": res["workers_cpu_s"],
         "worker_exit_s": res["worker_exit_s"],
         "knobs": {"workers": workers, "concurrency": concurrency, "connector": "PsycopgConnector",
@@ -125,12 +119,8 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=CONCURRENCY)
     ap.add_argument("--save", action="store_true", help="merge into bench/results/")
     a = ap.parse_args()
-    s = harness.run_benchmark(
-        "procrastinate",
-        lambda u: workload(u, n=a.n, workers=a.workers, concurrency=a.concurrency), a.runs)
-    harness.print_table([s])
-    if a.save:
-        harness.save_results([s], env=harness.environment())
+    harness.standalone("procrastinate",
+                       lambda u: workload(u, n=a.n, workers=a.workers, concurrency=a.concurrency), a.runs, a.save)
 
 
 if __name__ == "__main__":

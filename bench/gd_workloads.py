@@ -82,9 +82,9 @@ def drain(n: int, concurrency: int, processes: int, *, machine="noop", steps_per
         res = harness.drain_with_processes(cmds, done_url=db_url, done_sql=DONE_SQL, expected=n,
                                            env=_env(db_url, knobs), cwd=PROJECT, timeout=600)
         steps = n * steps_per
-        return {"rate": steps / res["elapsed_s"], "unit": "steps/s" if steps_per > 1 else "jobs/s",
-                "n": steps, "elapsed_s": res["elapsed_s"], "enqueue_s": fill["enqueue_s"],
-                "enqueue_rate": n / fill["enqueue_s"],
+        sample = harness.rate_sample(steps, res["elapsed_s"], unit="steps/s" if steps_per > 1 else "jobs/s")
+        return sample | {
+                "enqueue_s": fill["enqueue_s"], "enqueue_rate": n / fill["enqueue_s"],
                 "knobs": {**knobs, "processes": processes, "machine": machine},
                 "workers_cpu_s": res.get("workers_cpu_s"),
                 "note": "clock includes worker start-up, as for every drain here"}
@@ -101,7 +101,7 @@ specs = [gd.Spec(noop, state={}) for _ in range(100000)]
 t = time.perf_counter(); ids = gd.insert_all(specs); dt = time.perf_counter() - t
 assert len(ids) == 100000 and None not in ids
 print(json.dumps({"s": dt}))""")
-    return {"rate": 100000 / r["s"], "unit": "rows/s", "n": 100000, "elapsed_s": r["s"],
+    return harness.rate_sample(100000, r["s"], unit="rows/s") | {
             "note": "one insert_all call of 100,000 specs (validation + one statement)"}
 
 
@@ -113,7 +113,7 @@ from shop.durable import noop
 t = time.perf_counter()
 for _ in range(3000): gd.insert(noop, state={})
 print(json.dumps({"s": time.perf_counter() - t}))""")
-    return {"rate": 3000 / r["s"], "unit": "rows/s", "n": 3000, "elapsed_s": r["s"],
+    return harness.rate_sample(3000, r["s"], unit="rows/s") | {
             "note": "3,000 sequential gd.insert calls, one connection, autocommit"}
 
 
@@ -128,7 +128,7 @@ drain(queue="default", max_steps=10000)
 t = time.perf_counter()
 for i in range(3000): gd.signal(f"w{i}", "go", {"i": i})
 print(json.dumps({"s": time.perf_counter() - t}))""")
-    return {"rate": 3000 / r["s"], "unit": "signals/s", "n": 3000, "elapsed_s": r["s"],
+    return harness.rate_sample(3000, r["s"], unit="signals/s") | {
             "note": "3,000 sequential gd.signal calls by correlation key, each waking a parked instance"}
 
 

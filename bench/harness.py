@@ -397,6 +397,22 @@ def summarize(name: str, samples: list[dict]) -> dict:
     }
 
 
+def rate_sample(n: int, elapsed_s: float, *, unit: str = "jobs/s", enqueue_s: float | None = None) -> dict:
+    """The common head of a workload's measurement dict: rate = n / elapsed_s."""
+    sample = {"rate": n / elapsed_s, "unit": unit, "n": n, "elapsed_s": elapsed_s}
+    if enqueue_s:
+        sample.update(enqueue_s=enqueue_s, enqueue_rate=n / enqueue_s)
+    return sample
+
+
+def standalone(name: str, fn: Workload, runs: int, save: bool) -> None:
+    """The tail of every workload script's main(): run, print, optionally merge results."""
+    summary = run_benchmark(name, fn, runs)
+    print_table([summary])
+    if save:
+        save_results([summary], env=environment())
+
+
 def run_benchmark(name: str, fn: Workload, runs: int = DEFAULT_RUNS, *, server: str | None = None,
                   log: Callable[[str], None] = print) -> dict:
     """Run ``fn`` ``runs`` times, each on a fresh scratch database; return the summary."""

@@ -171,13 +171,7 @@ def claim_complete(url: str, *, n: int = N_DRAIN, clients: int = CLIENTS, batch:
     done = harness.count(url, "SELECT count(*) FROM raw_jobs WHERE status = 'done'")
     if total != n or done != n:
         raise harness.BenchError(f"claimed {total}, done {done}, expected {n} (time bound hit?)")
-    return {
-        "rate": n / elapsed,
-        "unit": "rows/s",
-        "n": n,
-        "elapsed_s": elapsed,
-        "enqueue_s": enqueue_s,
-        "enqueue_rate": n / enqueue_s,
+    return harness.rate_sample(n, elapsed, unit="rows/s", enqueue_s=enqueue_s) | {
         "knobs": {"clients": clients, "batch": batch, "client": "psycopg3 processes, prepared"},
         "note": "claim (FOR UPDATE SKIP LOCKED, LIMIT batch) + complete (UPDATE ... = ANY), "
                 "2 autocommit round-trips per batch; no job code",
@@ -197,11 +191,7 @@ def insert_unnest(url: str, *, n: int = N_INSERT, chunk: int = INSERT_CHUNK,
     got = harness.count(url, "SELECT count(*) FROM raw_jobs")
     if got != n:
         raise harness.BenchError(f"inserted {got}, expected {n}")
-    return {
-        "rate": n / elapsed,
-        "unit": "rows/s",
-        "n": n,
-        "elapsed_s": elapsed,
+    return harness.rate_sample(n, elapsed, unit="rows/s") | {
         "knobs": {"chunk": chunk, "clients": 1,
                   "params": "text (%s)" if text_params else "binary (%b)"},
         "note": "INSERT ... SELECT FROM unnest(text[], jsonb[]); one autocommit statement per chunk; "

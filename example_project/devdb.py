@@ -33,3 +33,14 @@ def database_url() -> str:
     uri = server.get_uri()  # postgresql://postgres:@/postgres?host=<socket dir>
     os.environ["DATABASE_URL"] = uri  # child processes (rundurable --processes) reuse it
     return uri
+
+
+def database_settings() -> dict:
+    """DATABASES['default'] from database_url(), with the options gen_durable wants:
+    server-side binding and prepared statements, so each static hot-path statement is
+    planned once per connection (SPEC §0; system check gen_durable.W002)."""
+    import environ
+
+    config = environ.Env.db_url_config(database_url())
+    config["OPTIONS"] = {**config.get("OPTIONS", {}), "server_side_binding": True, "prepare_threshold": 1}
+    return config

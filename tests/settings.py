@@ -3,11 +3,7 @@
 import json
 import os
 
-import environ
-
-from devdb import database_url
-
-env = environ.Env()
+from devdb import database_settings
 
 SECRET_KEY = "tests"
 DEBUG = False
@@ -22,14 +18,15 @@ INSTALLED_APPS = [
     "gen_durable",
     "tests.durable_app",
 ]
-DATABASES = {"default": env.db_url_config(database_url())}
-DATABASES["default"]["OPTIONS"] = {
-    **DATABASES["default"].get("OPTIONS", {}),
-    "server_side_binding": True,
-    "prepare_threshold": 1,
-}
+DATABASES = {"default": database_settings()}
 DATABASES["default"]["TEST"] = {"NAME": "test_gen_durable"}
-MIDDLEWARE = []
+# The admin's middleware, so the whole project passes `manage.py check` (the worker
+# subprocesses of the fault tests run with system checks on).
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
 ROOT_URLCONF = "tests.urls"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 GEN_DURABLE = {

@@ -20,7 +20,7 @@ BASE_DIR = Path(__file__).resolve().parent.parent  # example_project/
 if str(BASE_DIR) not in sys.path:  # devdb.py sits beside manage.py
     sys.path.insert(0, str(BASE_DIR))
 
-from devdb import database_url  # noqa: E402
+from devdb import database_settings  # noqa: E402
 
 env = environ.Env()
 
@@ -63,14 +63,9 @@ TEMPLATES = [{
     ]},
 }]
 
-DATABASES = {"default": env.db_url_config(database_url())}
-DATABASES["default"]["OPTIONS"] = {
-    **DATABASES["default"].get("OPTIONS", {}),
-    # psycopg 3: bind parameters server-side and prepare each statement shape on first
-    # use, so gen_durable's static hot-path SQL is planned once per connection.
-    "server_side_binding": True,
-    "prepare_threshold": 1,
-}
+# DATABASE_URL (or the embedded server), with server-side binding and prepared
+# statements on, so gen_durable's static hot-path SQL is planned once per connection.
+DATABASES = {"default": database_settings()}
 
 GEN_DURABLE = {
     # queue -> concurrent steps per worker process (rundurable --processes N multiplies it).

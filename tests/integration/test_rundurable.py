@@ -19,7 +19,6 @@ from tests.durable_app.durable import Counter, Recorder
 
 ROOT = Path(__file__).resolve().parents[2]
 MANAGE = [sys.executable, str(ROOT / "tests" / "manage.py")]
-# --skip-checks: tests.settings installs the admin without its middleware (admin.E408-410).
 
 
 @pytest.fixture
@@ -64,7 +63,7 @@ def test_two_processes_in_burst_mode_exit_0_with_every_row_done(committed, queue
     ids = gd.insert_all([gd.Spec(Recorder, state={"log": str(log), "hold": str(hold), "sleep": 60},
                                  queue=queue_name) for _ in range(30)])
     proc = subprocess.Popen(MANAGE + ["rundurable", "--processes", "2", "--burst", "--queue", f"{queue_name}=3",
-                                      "--verbosity", "0", "--skip-checks"],
+                                      "--verbosity", "0"],
                             cwd=ROOT, env=child_env(), stderr=subprocess.PIPE, text=True)
     try:
         wait_until(lambda: len(steps(log, "start")) == 2 and sum(map(len, steps(log, "start").values())) == 6,

@@ -28,8 +28,7 @@ from tests.durable_app.durable import Recorder, SlowCounter
 from tests.factories import InstanceFactory
 
 ROOT = Path(__file__).resolve().parents[2]
-# --skip-checks: tests.settings installs the admin without its middleware (admin.E408-410).
-RUNDURABLE = [sys.executable, str(ROOT / "tests" / "manage.py"), "rundurable", "--skip-checks",
+RUNDURABLE = [sys.executable, str(ROOT / "tests" / "manage.py"), "rundurable",
               "--verbosity", "0"]
 
 
