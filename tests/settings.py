@@ -19,7 +19,8 @@ INSTALLED_APPS = [
     "tests.durable_app",
 ]
 DATABASES = {"default": database_settings()}
-DATABASES["default"]["TEST"] = {"NAME": "test_gen_durable"}
+# GEN_DURABLE_TEST_DB lets two checkouts run their suites on one server at once.
+DATABASES["default"]["TEST"] = {"NAME": os.environ.get("GEN_DURABLE_TEST_DB", "test_gen_durable")}
 # The admin's middleware, so the whole project passes `manage.py check` (the worker
 # subprocesses of the fault tests run with system checks on).
 MIDDLEWARE = [
