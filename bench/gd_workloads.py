@@ -200,6 +200,9 @@ WORKLOADS = {
     "gd_drain_c16_p1": drain(20_000, 16, 1, prefetch=200, min_demand=50),
     "gd_drain_c16_p2": drain(20_000, 16, 2, prefetch=200, min_demand=50),
     "gd_pipeline_5step_c50_p2": drain(4_000, 50, 2, machine="Pipeline", steps_per=5, prefetch=50, min_demand=25),
+    # The same machine with inline continuation (run it with the line above: --only both).
+    "gd_pipeline_5step_inline_c50_p2": drain(4_000, 50, 2, machine="InlinePipeline", steps_per=5,
+                                             prefetch=50, min_demand=25),
     "gd_insert_all_100k": insert_all_rate,
     "gd_insert_single": insert_single_rate,
     "gd_signal": signal_rate,

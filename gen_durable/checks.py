@@ -125,6 +125,31 @@ def check_sections(app_configs=None, **kwargs):
 
 
 @register(Tags.compatibility)
+def check_inline(app_configs=None, **kwargs):
+    """E014: INLINE bounds an inline chain: MAX_STEPS an int >= 1, MAX_SECONDS seconds > 0."""
+    value = get_settings().INLINE
+    keys = ("MAX_STEPS", "MAX_SECONDS")
+    if not isinstance(value, dict):
+        return [Error(f"GEN_DURABLE['INLINE'] must be a dict, got {value!r}.",
+                      hint='For example {"MAX_STEPS": 100, "MAX_SECONDS": 10}.', id=ID + "E014")]
+    errors = []
+    for k, v in value.items():
+        if k not in keys:
+            close = difflib.get_close_matches(str(k), keys, n=1)
+            errors.append(Error(f"GEN_DURABLE['INLINE'] has an unknown key {k!r}.",
+                                hint=f"Did you mean {close[0]!r}?" if close else f"Keys: {', '.join(keys)}.",
+                                id=ID + "E014"))
+        elif k == "MAX_STEPS" and not _int(v, minimum=1):
+            errors.append(Error(f"GEN_DURABLE['INLINE']['MAX_STEPS'] must be an int >= 1, got {v!r}.",
+                                hint="Steps an inline chain runs before it yields back to the pick; 1 turns chaining off.",
+                                id=ID + "E014"))
+        elif k == "MAX_SECONDS" and not _num(v, positive=True):
+            errors.append(Error(f"GEN_DURABLE['INLINE']['MAX_SECONDS'] must be seconds > 0, got {v!r}.",
+                                hint="Time after which an inline chain yields back to the pick.", id=ID + "E014"))
+    return errors
+
+
+@register(Tags.compatibility)
 def check_notify_and_limiter(app_configs=None, **kwargs):
     """E005: NOTIFY is "postgres" or "none"; E006: LIMITER shape."""
     s = get_settings()

@@ -32,12 +32,15 @@ DEFAULTS: dict[str, Any] = {
     "REAPER": {"INTERVAL": 30},
     "GC": {"INTERVAL": 60, "RETENTION": 86400, "BATCH": 10000},
     "DRAIN_TIMEOUT": 5,
+    # An inline chain (steps continuing in the same worker) yields back to the pick after
+    # MAX_STEPS steps or MAX_SECONDS seconds, whichever comes first.
+    "INLINE": {"MAX_STEPS": 100, "MAX_SECONDS": 10},
     # Not in SPEC §2's table: the largest encoded state/result/payload accepted (§9).
     "MAX_PAYLOAD_BYTES": 1_048_576,
 }
 
 # Keys whose dict values merge over the defaults (a partial FLUSH keeps MAX_DELAY).
-NESTED = ("FLUSH", "REAPER", "GC")
+NESTED = ("FLUSH", "REAPER", "GC", "INLINE")
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,7 @@ class Settings:
     REAPER: Any
     GC: Any
     DRAIN_TIMEOUT: float
+    INLINE: dict
     MAX_PAYLOAD_BYTES: int
     unknown: tuple = field(default=())
 

@@ -91,6 +91,9 @@ class Machine:
             cls.name = f"{cls.__module__}.{cls.__qualname__}"
         if not isinstance(cls.version, int) or isinstance(cls.version, bool) or cls.version < 1:
             raise InvalidInput(f"{cls.__qualname__}.version must be an int >= 1")
+        if not isinstance(cls.inline_execution, bool):
+            raise InvalidInput(f"{cls.__qualname__}.inline_execution must be True or False, "
+                               f"got {cls.inline_execution!r}")
         if not isinstance(cls.queue, str) or not cls.queue:
             raise InvalidInput(f"{cls.__qualname__}.queue must be a non-empty string")
         cls.steps = cls._collect_steps()

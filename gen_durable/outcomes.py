@@ -86,7 +86,8 @@ class Next:
     rate_limit: None, "name" or (name, partition) for the next step (§4.7).
     weight: tokens the next step takes, > 0.
     concurrency_key: KEEP (default), None (release) or a new key (§4.6).
-    inline: None (machine default), True or False (§4.8).
+    inline: None (the machine's `inline_execution`), True or False: run the next step
+        at once in the same worker, after this transition commits (docs/guide.md).
     """
 
     step: str
@@ -103,6 +104,9 @@ class Next:
         object.__setattr__(self, "concurrency_key", key_string(self.concurrency_key, "concurrency_key"))
         if isinstance(self.weight, bool) or not isinstance(self.weight, (int, float)) or not self.weight > 0:
             raise InvalidInput(f"Next weight must be a number > 0, got {self.weight!r}")
+        if self.inline is not None and not isinstance(self.inline, bool):
+            raise InvalidInput(f"Next inline must be None (the machine's inline_execution), True or False, "
+                               f"got {self.inline!r}")
 
 
 @dataclass(frozen=True)

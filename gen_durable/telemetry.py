@@ -22,9 +22,15 @@ never breaks the engine. `duration` measurements are seconds (float).
 | gc.swept               | count, buckets, gates                     |                       |
 | flush.stop             | count, stale, duration                    |                       |
 | flush.error            | count                                     | error                 |
+| inline.continue        | steps (of the chain so far)               | id, fsm, from, to     |
+| inline.yield           | steps                                     | id, fsm, step, reason |
 | rate_limit.throttled   | wanted, granted                           | key, queue            |
 | rate_limit.contended   | count                                     | queue                 |
 | rate_limit.unknown     | count                                     | key, name, fsm, step  |
+
+`inline.yield` reasons: "bound" (INLINE's MAX_STEPS / MAX_SECONDS), "key" (a new
+concurrency key goes through the pick), "throttled" (the limiter denied the next step),
+"stopping" (the worker is shutting down). The row is requeued in each case.
 
 Rate-limit and gate events are emitted once configured limits are admitted (the
 limiter issue); the names are reserved here.
@@ -40,7 +46,8 @@ logger = logging.getLogger("gen_durable.telemetry")
 EVENTS = (
     "step.stop", "pick.stop", "scheduler.saturation", "scheduler.drain", "scheduler.reclaimed",
     "concurrency.contended", "concurrency.throttled", "outcome.stale", "reaper.reaped",
-    "await.timeout", "gc.swept", "flush.stop", "flush.error", "rate_limit.throttled",
+    "await.timeout", "gc.swept", "flush.stop", "flush.error", "inline.continue", "inline.yield",
+    "rate_limit.throttled",
     "rate_limit.contended", "rate_limit.unknown",
 )
 

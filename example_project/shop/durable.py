@@ -158,6 +158,13 @@ class Pipeline(gd.Machine):
         return gd.Done({"n": ctx.state["n"], "bucket": ctx.state["bucket"]})
 
 
+class InlinePipeline(Pipeline):
+    """`Pipeline` with inline continuation: the five steps run back to back in one worker."""
+
+    name = "shop.InlinePipeline"
+    inline_execution = True
+
+
 
 @gd.job(name="shop.noop", queue="default")
 def noop(args):

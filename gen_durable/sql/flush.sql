@@ -1,13 +1,18 @@
 -- flush: apply a batch of step outcomes in one guarded UPDATE (group commit).
 -- Spec: SPEC §4.3, §4.4 (consume), §10.3; seeds: internals "Outcomes"; behaviours FL-03/04.
 -- Params (parallel arrays, one element per outcome, sorted by id):
---   id bigint[], worker text[] (the claimant), kind text[] (next | retry | await |
---   schedule | done | stop), step text[] (NULL keeps), state text[] (JSON, NULL keeps),
+--   id bigint[], worker text[] (the claimant), kind text[] (next | inline | retry |
+--   await | schedule | done | stop), step text[] (NULL keeps), state text[] (JSON, NULL keeps),
 --   result text[] (JSON), error text[], delay float8[] (retry seconds), awaits text[]
 --   (JSON array of names), timeout float8[] (await seconds or NULL), set_key bool[],
 --   new_key text[], rate_limit text[], weight float8[];
 --   c_target bigint[], c_id bigint[]: the (owner, signal id) pairs a progressing
---   outcome consumes (exactly the ids its step was handed).
+--   outcome consumes (exactly the ids its step was handed);
+--   lease float8: seconds an `inline` row's lease is extended by.
+-- `inline` is a Next whose step runs at once in the same worker (inline continuation):
+--   the same transition, but the row stays `executing` under the same claimant with its
+--   lease extended and its gate slot (concurrency_shard) kept; the next step runs only
+--   after this commit, so a crash re-runs it through the reaper, as after a requeue.
 -- Notifies `gen_durable_result` once per flush with the ids that settled (done,
 -- failed or parked), so await_result in another process answers at once ('*' when the
 -- list would exceed NOTIFY's 8000-byte payload: every waiter re-reads).
@@ -29,6 +34,7 @@ WITH input AS MATERIALIZED (
 ), upd AS (
     UPDATE gen_durable g
     SET status = (CASE i.kind WHEN 'next' THEN 'runnable' WHEN 'retry' THEN 'runnable'
+                              WHEN 'inline' THEN 'executing'
                               WHEN 'await' THEN 'awaiting_signal'
                               WHEN 'schedule' THEN 'awaiting_children'
                               WHEN 'done' THEN 'done' ELSE 'failed' END)::gen_durable_status,
@@ -47,12 +53,15 @@ WITH input AS MATERIALIZED (
         await_deadline = CASE WHEN i.kind = 'await' AND i.timeout IS NOT NULL
                               THEN now() + make_interval(secs => i.timeout) END,
         concurrency_key = CASE WHEN i.set_key THEN i.new_key ELSE g.concurrency_key END,
-        concurrency_shard = NULL,
-        rate_limit = CASE i.kind WHEN 'retry' THEN g.rate_limit WHEN 'next' THEN i.rate_limit END,
-        weight = CASE i.kind WHEN 'retry' THEN g.weight WHEN 'next' THEN i.weight ELSE 1 END,
+        concurrency_shard = CASE WHEN i.kind = 'inline' THEN g.concurrency_shard END,
+        rate_limit = CASE i.kind WHEN 'retry' THEN g.rate_limit WHEN 'next' THEN i.rate_limit
+                                 WHEN 'inline' THEN i.rate_limit END,
+        weight = CASE i.kind WHEN 'retry' THEN g.weight WHEN 'next' THEN i.weight
+                             WHEN 'inline' THEN i.weight ELSE 1 END,
         children_pending = CASE WHEN i.kind = 'schedule' THEN 0 ELSE g.children_pending END,
-        locked_by = NULL,
-        lease_expires_at = NULL,
+        locked_by = CASE WHEN i.kind = 'inline' THEN g.locked_by END,
+        lease_expires_at = CASE WHEN i.kind = 'inline'
+                                THEN now() + make_interval(secs => %(lease)s::float8) END,
         updated_at = now()
     FROM input i
     WHERE g.id = i.id AND g.locked_by = i.worker AND g.status = i.claimed

@@ -40,6 +40,8 @@ class Claimed:
     inbox: list = field(default_factory=list)
     children: list = field(default_factory=list)
     slot: object = None
+    raw_state: str | None = None  # the state as committed (JSON text): an inline continuation
+    #                               that keeps the state starts from it, not from a mutated ctx.state
 
 
 def pick(queue: str, limit: int, worker: str, ttl: float, *, gates=(), using=None) -> list[Claimed]:
@@ -65,7 +67,7 @@ def pick(queue: str, limit: int, worker: str, ttl: float, *, gates=(), using=Non
         return []
     jobs = [Claimed(*r, worker=worker) for r in rows]
     for j in jobs:
-        j.state = loads(j.state)
+        j.raw_state, j.state = j.state, loads(j.state)
     jobs.sort(key=lambda j: (j.priority, j.eligible_at, j.id))
     try:
         enrich(jobs, using)

@@ -16,17 +16,17 @@ from dataclasses import dataclass, field
 
 from .. import registry, telemetry
 from ..calls import Row, build_row
-from ..codec import clean_text, encode, encode_state, load_typed
+from ..codec import clean_text, encode, encode_state, load_typed, loads
 from ..conf import get_settings
 from ..exceptions import InvalidOutcome, UnknownMachine
 from ..machine import Context
 from ..outcomes import KEEP, Await, Done, Next, Retry, ScheduleChildren, Stop
-from .claims import Claimed
+from .claims import Claimed, enrich
 
 logger = logging.getLogger("gen_durable.executor")
 
 MAX_DELAY = 10 * 365 * 86400.0  # seconds; a retry delay is clamped here (SPEC §4.14)
-KINDS = ("next", "retry", "await", "schedule", "done", "stop")
+KINDS = ("next", "inline", "retry", "await", "schedule", "done", "stop")
 
 
 @dataclass
@@ -55,6 +55,7 @@ class Entry:
     from_step: str = ""
     queue: str = ""
     slot: object = None
+    wanted_inline: bool = False  # a Next that asked to continue inline (kind says whether it may)
 
 
 def error_text(error: BaseException) -> str:
@@ -67,22 +68,26 @@ def stop_entry(job: Claimed, reason: str) -> Entry:
                  from_step=job.step, queue=job.queue, slot=job.slot)
 
 
-def execute(job: Claimed) -> Entry:
-    """Run `job`'s current step and return the entry to flush. Never raises Exception."""
+def execute(job: Claimed, *, inline: bool = False) -> Entry:
+    """Run `job`'s current step and return the entry to flush. Never raises Exception.
+
+    inline: whether a Next that asks for inline continuation may get it (kind "inline");
+    otherwise it is a plain requeued Next. See `inline_kind` for the key rule.
+    """
     started = time.perf_counter()
     try:
         cls = registry.get(job.fsm, job.fsm_version)
     except UnknownMachine as exc:
         entry = stop_entry(job, str(exc))
     else:
-        entry = _run(cls, job)
+        entry = _run(cls, job, inline)
     telemetry.emit("step.stop", {"duration": time.perf_counter() - started},
                    {"id": job.id, "fsm": job.fsm, "step": job.step, "kind": entry.kind})
     logger.debug("step %s#%s %s -> %s", job.fsm, job.id, job.step, entry.kind)
     return entry
 
 
-def _run(cls, job: Claimed) -> Entry:
+def _run(cls, job: Claimed, inline: bool = False) -> Entry:
     method = cls.steps.get(job.step)
     if method is None:
         return stop_entry(job, f"{cls.name} version {cls.version} has no step {job.step!r}")
@@ -97,7 +102,7 @@ def _run(cls, job: Claimed) -> Entry:
             ctx.state = load_typed(cls.State, job.state)
         outcome = getattr(machine, method)(ctx)
         return to_entry(outcome, cls, job, consumed=tuple(s.id for s in awaited),
-                        presented=tuple(s.id for s in awaited))
+                        presented=tuple(s.id for s in awaited), inline=inline)
     except BaseException as error:
         # Any exception, SystemExit included (a step thread is not the main thread, so
         # nothing else would stop): handle() sees no inputs, and its outcome consumes
@@ -105,7 +110,7 @@ def _run(cls, job: Claimed) -> Entry:
         hctx = dataclasses.replace(ctx, awaited=[], all=[], children=[])
         try:
             outcome = machine.handle(error, hctx)
-            entry = to_entry(outcome, cls, job, consumed=(), presented=())
+            entry = to_entry(outcome, cls, job, consumed=(), presented=(), inline=inline)
         except BaseException as handle_error:
             return stop_entry(job, f"handle() failed: {error_text(handle_error)} "
                                    f"(while handling {error_text(error)})")
@@ -126,16 +131,40 @@ def _check_step(cls, name, outcome):
                              f"steps are {sorted(cls.steps)}")
 
 
-def to_entry(outcome, cls, job: Claimed, *, consumed, presented) -> Entry:
-    """Validate and encode `outcome` (raises InvalidOutcome / SerializationError)."""
+def inline_kind(outcome: Next, cls, job: Claimed, allowed: bool) -> tuple[bool, str]:
+    """(wanted, kind) of a Next: kind "inline" runs the next step in this worker.
+
+    Wanted: `Next(inline=...)`, else the machine's `inline_execution`. Granted only when
+    `allowed` (the chain bound, shutdown) and the concurrency key is kept — or released
+    while no gate slot is held. A new key must go through the pick: an unconfigured key's
+    exclusion is the pick's arbiter, a gate's slot its admission; a released gate slot is
+    credited by a requeue's commit.
+    """
+    wanted = cls.inline_execution if outcome.inline is None else outcome.inline
+    if not (wanted and allowed):
+        return wanted, "next"
+    key = outcome.concurrency_key
+    if key is KEEP or (key is None and job.slot is None):
+        return True, "inline"
+    return True, "next"
+
+
+def to_entry(outcome, cls, job: Claimed, *, consumed, presented, inline=False) -> Entry:
+    """Validate and encode `outcome` (raises InvalidOutcome / SerializationError).
+
+    inline: whether a Next may become an inline continuation (see `inline_kind`).
+    """
     base = dict(id=job.id, worker=job.worker, fsm=job.fsm, from_step=job.step, queue=job.queue, slot=job.slot)
     if isinstance(outcome, Next):
         _check_step(cls, outcome.step, outcome)
         set_key = outcome.concurrency_key is not KEEP
-        return Entry(kind="next", step=outcome.step, state=_state(outcome.state, cls, job),
+        wanted, kind = inline_kind(outcome, cls, job, inline)
+        if kind == "inline":
+            base["slot"] = None  # the held slot goes on with the chain; credited when it ends
+        return Entry(kind=kind, step=outcome.step, state=_state(outcome.state, cls, job),
                      set_key=set_key, new_key=outcome.concurrency_key if set_key else None,
                      rate_limit=outcome.rate_limit, weight=float(outcome.weight),
-                     consumed=consumed, **base)
+                     consumed=consumed, wanted_inline=wanted, **base)
     if isinstance(outcome, Retry):
         return Entry(kind="retry", state=_state(outcome.state, cls, job),
                      delay=min(outcome.delay, MAX_DELAY), **base)
@@ -160,4 +189,27 @@ def to_entry(outcome, cls, job: Claimed, *, consumed, presented) -> Entry:
                          "(Next, Retry, Await, ScheduleChildren, Done or Stop)")
 
 
-__all__ = ["Entry", "Row", "execute", "to_entry"]
+def continuation(job: Claimed, entry: Entry, using=None) -> Claimed:
+    """The claim of the step an inline `entry` (committed) continues with.
+
+    The row as the commit left it — a requeue and re-pick would have given the same:
+    the committed state, attempt 0, no awaits, the new rate limit and key; the inbox
+    and children are loaded afresh (2 statements). The gate slot stays held.
+    """
+    raw = entry.state if entry.state is not None else job.raw_state
+    nxt = dataclasses.replace(
+        job, step=entry.step, state=loads(raw) if raw is not None else job.state, raw_state=raw,
+        attempt=0, awaits=None, rate_limit=entry.rate_limit, weight=entry.weight,
+        concurrency_key=entry.new_key if entry.set_key else job.concurrency_key,
+        inbox=[], children=[])
+    enrich([nxt], using)
+    return nxt
+
+
+def requeue_entry(job: Claimed) -> Entry:
+    """A plain Next into `job`'s own (already committed) step: back to the pick."""
+    return Entry(id=job.id, worker=job.worker, kind="next", step=job.step, rate_limit=job.rate_limit,
+                 weight=float(job.weight), fsm=job.fsm, from_step=job.step, queue=job.queue, slot=job.slot)
+
+
+__all__ = ["Entry", "Row", "continuation", "execute", "requeue_entry", "to_entry"]

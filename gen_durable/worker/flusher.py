@@ -27,7 +27,7 @@ from django.db import DatabaseError, InterfaceError, OperationalError, transacti
 from .. import db, sql, telemetry
 from ..calls import insert_rows
 from ..codec import clean_text
-from ..conf import database_alias
+from ..conf import database_alias, get_settings
 
 logger = logging.getLogger("gen_durable.flusher")
 
@@ -55,13 +55,18 @@ def _arrays(entries):
         "rate_limit": arr([e.rate_limit for e in entries]), "weight": arr([e.weight for e in entries]),
         "c_target": arr([e.id for e in entries for _ in e.consumed]),
         "c_id": arr([sid for e in entries for sid in e.consumed]),
+        "lease": float(get_settings().LEASE_TTL),
     }
 
 
 def flush(entries, using=None) -> FlushResult:
     """Commit `entries` (len ≤ FLUSH.MAX_BATCH) in one transaction; return what committed.
 
-    Statements: 1 for plain Next/Retry/Done/Stop batches; +1 when any Await parks
+    An "inline" entry (a Next continuing in the same worker) is part of the same
+    statement: its row stays `executing` (committed status "executing") with the lease
+    extended by LEASE_TTL and its gate slot kept.
+
+    Statements: 1 for plain Next/inline/Retry/Done/Stop batches; +1 when any Await parks
     (the recheck), +2 when any ScheduleChildren spawns, +1 when any terminal child
     joins its parent. Raises DatabaseError when the transaction fails (nothing commits).
     """

@@ -22,7 +22,7 @@ from django.db import close_old_connections
 
 from .. import db, telemetry
 from .claims import pick, reclaim, release
-from .executor import execute
+from .executor import continuation, execute, requeue_entry
 
 logger = logging.getLogger("gen_durable.scheduler")
 
@@ -179,8 +179,7 @@ class Scheduler:
             self.flusher.step_started()
             submitted = False
             try:
-                entry = execute(job)
-                self.flusher.submit(entry)
+                self.run_chain(job)
                 submitted = True
             except BaseException:
                 logger.exception("step thread failed on %s#%s; its lease will recover it", job.fsm, job.id)
@@ -194,6 +193,53 @@ class Scheduler:
                 # outlived CONN_MAX_AGE. Only threads whose steps touched the database.
                 if conn.connection is not None:
                     close_old_connections()
+
+    def run_chain(self, job) -> None:
+        """Run `job`'s step and hand its outcome to the flusher; continue inline while asked.
+
+        An inline continuation commits the transition first (the row stays executing,
+        held by us, its lease extended) and waits for it; a stale commit (cancelled,
+        reaped, re-claimed) runs nothing more. Only then may the limiter admit the next
+        step — admission stamps rows unguarded, so an orphan must never reach it; a
+        denial requeues the row through a plain Next. The chain yields after
+        INLINE['MAX_STEPS'] steps or INLINE['MAX_SECONDS'], and when the worker stops.
+        Called with one flusher.step_started() pending; returns having submitted the
+        last outcome (or settled a stale one); raises with that one still pending.
+        """
+        bound = self.s.INLINE
+        started, steps = time.monotonic(), 1
+        while True:
+            allowed = (steps < bound["MAX_STEPS"] and time.monotonic() - started < bound["MAX_SECONDS"]
+                       and not self._stop.is_set())
+            entry = execute(job, inline=allowed)
+            if entry.kind != "inline":
+                if entry.wanted_inline and entry.kind == "next":
+                    reason = "key" if allowed else "stopping" if self._stop.is_set() else "bound"
+                    telemetry.emit("inline.yield", {"steps": steps},
+                                   {"id": job.id, "fsm": job.fsm, "step": entry.step, "reason": reason})
+                self.flusher.submit(entry)
+                return
+            try:
+                fate = self.flusher.commit(entry)
+            finally:
+                self.flusher.step_started()  # this thread goes on running (or gives up) for the row
+            if fate != "committed":  # orphaned: the guard refused, nothing committed, run nothing
+                self.flusher.step_abandoned()
+                self.settle([job.id], completed=False)
+                return
+            job = continuation(job, entry, self.using)
+            if self.limiter is not None and self.limiter.needs_admission(job):
+                admission = self.limiter.admit([job], self.queue)
+                if job.id not in admission.admitted:
+                    telemetry.emit("inline.yield", {"steps": steps},
+                                   {"id": job.id, "fsm": job.fsm, "step": job.step, "reason": "throttled"})
+                    self.flusher.submit(requeue_entry(job))
+                    return
+                if admission.admitted[job.id] is not None:
+                    job.slot = admission.admitted[job.id]
+            telemetry.emit("inline.continue", {"steps": steps},
+                           {"id": job.id, "fsm": job.fsm, "from": entry.from_step, "to": job.step})
+            steps += 1
 
     def settle(self, ids, completed: bool = True) -> None:
         """These rows left our hands: free their slots and wake the feeder to refill.

@@ -90,7 +90,9 @@ class Supervisor:
                 sched.settle(ids, completed=completed)
 
     def _on_commit(self, result, entries):
-        self._settle(entries)
+        # An inline entry's row is still ours: its step thread runs the next step (or, if
+        # the commit was stale, settles it itself).
+        self._settle([e for e in entries if e.kind != "inline"])
         for q in result.woken:
             self._wake(q)
 

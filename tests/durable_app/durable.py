@@ -207,3 +207,5 @@ class SlowCounter(gd.Machine):
         if n >= ctx.state["target"]:
             return gd.Done({"count": n})
         return gd.Next("start", state={**ctx.state, "n": n})
+
+from . import inline_machines  # noqa: E402,F401  (registered for worker subprocesses too)

@@ -18,12 +18,12 @@ from django.test import Client, override_settings
 import gen_durable as gd
 from gen_durable import registry
 from gen_durable.testing import assert_awaiting, assert_done, assert_failed, drain, fire_timeouts
-from shop.durable import Order, Pipeline, ShipParcel, Waiter, noop, send_receipt
+from shop.durable import InlinePipeline, Order, Pipeline, ShipParcel, Waiter, noop, send_receipt
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "example_project"
 SHOP_MACHINES = {Order: "shop.Order", ShipParcel: "shop.ShipParcel", Pipeline: "shop.Pipeline",
                  send_receipt: "shop.send_receipt", noop: "shop.noop",
-                 Waiter: "shop.Waiter"}
+                 Waiter: "shop.Waiter", InlinePipeline: "shop.InlinePipeline"}
 
 shop_urls = override_settings(ROOT_URLCONF="shop.urls")
 

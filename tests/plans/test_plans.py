@@ -88,7 +88,7 @@ def test_pick_touches_about_a_batch_of_rows_when_run(scale):
         "state": [None, None], "result": [None, "{}"], "error": [None, None], "delay": [0.0, 0.0],
         "awaits": [None, None], "timeout": [None, None], "set_key": [False, False],
         "new_key": [None, None], "rate_limit": [None, None], "weight": [1.0, 1.0],
-        "c_target": [1], "c_id": [5]}.items()}),
+        "c_target": [1], "c_id": [5], "lease": 60.0}.items()}),
     ("PARK_RECHECK", {"id": [1, 2], "p_target": [1], "p_id": [3]}),
     ("SPAWN_PARK", {"id": [1], "n": [3]}),
     ("JOIN_PARENTS", {"parent_id": [1, 2], "n": [1, 2]}),
@@ -126,7 +126,7 @@ def test_flush_updates_by_primary_key_not_by_the_executing_set(scale):
     arrays = {"id": list(range(300, 300 + n)), "worker": ["w"] * n, "kind": ["next"] * n, "step": ["s"] * n,
               "state": [None] * n, "result": [None] * n, "error": [None] * n, "delay": [0.0] * n,
               "awaits": [None] * n, "timeout": [None] * n, "set_key": [False] * n, "new_key": [None] * n,
-              "rate_limit": [None] * n, "weight": [1.0] * n, "c_target": [], "c_id": []}
+              "rate_limit": [None] * n, "weight": [1.0] * n, "c_target": [], "c_id": [], "lease": 60.0}
     p = plan(sql.FLUSH, arrays)
     update = next(n for n in nodes(p) if n["Node Type"] == "ModifyTable" and n.get("Relation Name") == "gen_durable")
     used = index_scans(update)

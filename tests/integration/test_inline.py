@@ -1,0 +1,269 @@
+"""Inline continuation: a Next that runs the next step in the same worker, on the claim
+it holds, after committing the transition (docs/guide.md "Inline continuation").
+
+Engine-level tests run an in-process worker (the `engine` fixture); flush-level tests
+call flusher.flush on rows claimed through the real pick. Step logs are files
+(tests/durable_app/inline_machines.py).
+"""
+
+import os
+import signal
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from django.db import connection
+from django.test import override_settings
+
+import gen_durable as gd
+from gen_durable.limiter import Admission, Limiter
+from gen_durable.models import Instance
+from gen_durable.outcomes import Next
+from gen_durable.worker import claims, executor
+from gen_durable.worker.flusher import flush
+from tests.conftest import wait_until
+from tests.durable_app.inline_machines import InlineBoundary, InlineChain, InlineCounter, InlineOptIn
+from tests.integration.test_statements import statements
+
+WORKER = "inline-worker"
+
+
+def log_lines(path):
+    """(id, step, attempt, thread, pid) per line of an inline machine's log."""
+    if not Path(path).exists():
+        return []
+    return [(int(i), s, int(a), int(t), int(p)) for i, s, a, t, p in
+            (line.split() for line in Path(path).read_text().splitlines())]
+
+
+def steps_of(path, id_):
+    return [s for i, s, *_ in log_lines(path) if i == id_]
+
+
+def status(id_):
+    return Instance.objects.get(id=id_).status
+
+
+class SpyLimiter(Limiter):
+    """Needs admission for every job; records what it saw; denies the first `deny` calls."""
+
+    def __init__(self, deny=0):
+        self.calls, self.deny = [], deny
+
+    def needs_admission(self, job):
+        return True
+
+    def admit(self, jobs, queue):
+        # What the row looks like when admission runs: the transition must be committed.
+        with connection.cursor() as cur:
+            cur.execute("SELECT status, step, locked_by FROM gen_durable WHERE id = %s", [jobs[0].id])
+            self.calls.append((jobs[0].id, jobs[0].step, cur.fetchone()))
+        if self.deny > 0:
+            self.deny -= 1
+            return Admission(denied=[j.id for j in jobs])
+        return Admission(admitted={j.id: None for j in jobs})
+
+
+def use_limiter(sup, limiter):
+    for sched in sup.schedulers.values():
+        sched.limiter = limiter
+
+
+# --- the flush of an inline transition -------------------------------------------------
+
+def test_inline_flush_keeps_the_claim_and_is_one_statement_for_any_batch(
+        committed, django_assert_num_queries, queue_name):
+    for n in (2, 40):
+        q = f"{queue_name}_{n}"
+        gd.insert_all([gd.Spec(InlineChain, queue=q) for _ in range(n)])
+        jobs = claims.pick(q, n, WORKER, 60)
+        with connection.cursor() as cur:  # shorten the lease: the flush must extend it
+            cur.execute("UPDATE gen_durable SET lease_expires_at = now() + interval '1 second' WHERE queue = %s", [q])
+        sig = gd.signal(jobs[0].id, "x", {"v": 1})
+        jobs[0].awaits, jobs[0].inbox = ["x"], [gd.machine.Signal(sig, "x", {"v": 1}, None)]
+        entries = [executor.to_entry(Next("b", state={"k": 1}, rate_limit="r"), InlineChain, j, consumed=(
+            (sig,) if j is jobs[0] else ()), presented=(), inline=True) for j in jobs]
+        assert {e.kind for e in entries} == {"inline"}
+        with django_assert_num_queries(3) as captured:  # BEGIN, the flush, COMMIT
+            result = flush(entries)
+        assert len(statements(captured)) == 1
+        assert set(result.committed.values()) == {"executing"} and result.stale == []
+        with connection.cursor() as cur:
+            cur.execute("SELECT DISTINCT status::text, step, state, locked_by, attempt, rate_limit, "
+                        "lease_expires_at > now() + interval '2 seconds' FROM gen_durable WHERE queue = %s", [q])
+            assert cur.fetchall() == [("executing", "b", '{"k": 1}', WORKER, 0, "r", True)]
+            cur.execute("SELECT count(*) FROM gen_durable_signals WHERE id = %s", [sig])
+            assert cur.fetchone() == (0,), "the consumed signal is deleted as by a requeued Next"
+
+
+def test_inline_flush_of_a_row_we_no_longer_own_commits_nothing(committed, queue_name):
+    gd.insert(InlineChain, queue=queue_name)
+    (job,) = claims.pick(queue_name, 1, WORKER, 60)
+    gd.cancel(job.id, "cancelled by test")
+    entry = executor.to_entry(Next("b"), InlineChain, job, consumed=(), presented=(), inline=True)
+    result = flush([entry])
+    assert result.committed == {} and [e.id for e in result.stale] == [job.id]
+    row = Instance.objects.get(id=job.id)
+    assert (row.status, row.step, row.locked_by) == ("failed", "a", None)
+
+
+def test_inline_is_refused_for_a_new_key_and_outside_a_worker(db, queue_name):
+    gd.insert(InlineChain, queue=queue_name, concurrency_key="k1")
+    (job,) = claims.pick(queue_name, 1, WORKER, 60)
+    mk = lambda outcome, inline=True: executor.to_entry(outcome, InlineChain, job, consumed=(),  # noqa: E731
+                                                          presented=(), inline=inline)
+    assert mk(Next("b")).kind == "inline"
+    assert mk(Next("b", concurrency_key=None)).kind == "inline"      # released, no gate slot held
+    assert mk(Next("b", concurrency_key="k2")).kind == "next"        # a new key goes to the pick
+    assert mk(Next("b", inline=False)).kind == "next"
+    assert mk(Next("b"), inline=False).kind == "next"                # the drain / the chain bound
+    job.slot = ("gate", 0)
+    e = mk(Next("b", concurrency_key=None))
+    assert (e.kind, e.slot) == ("next", ("gate", 0))                  # a held slot is credited by a requeue
+    e = mk(Next("b"))
+    assert (e.kind, e.slot) == ("inline", None)                       # ...and kept by a continuation
+
+
+# --- the engine ------------------------------------------------------------------------
+
+def test_a_chain_runs_in_one_worker_thread_on_one_claim(engine, queue_name, tmp_path, events):
+    log = tmp_path / "log"
+    id_ = gd.insert(InlineChain, queue=queue_name, state={"log": str(log)})
+    engine({queue_name: 2})
+    wait_until(lambda: status(id_) == "done", what="done")
+    lines = log_lines(log)
+    assert [s for _, s, *_ in lines] == ["a", "b", "c"]
+    assert len({t for *_, t, _ in lines}) == 1, "one worker thread ran the whole chain"
+    cont = [(m["from"], m["to"]) for e, _, m in events if e == "inline.continue" and m["id"] == id_]
+    assert cont == [("a", "b"), ("b", "c")]
+    claimed = [ms["count"] for e, ms, m in events if e == "pick.stop" and m["queue"] == queue_name and ms["count"]]
+    assert claimed == [1], "no requeue and re-pick between the steps"
+
+
+def test_boundary_opt_out_and_single_opt_in(engine, queue_name, tmp_path, events):
+    log = tmp_path / "log"
+    b = gd.insert(InlineBoundary, queue=queue_name, state={"log": str(log)})
+    o = gd.insert(InlineOptIn, queue=queue_name, state={"log": str(log), "orig": 1})
+    engine({queue_name: 2})
+    wait_until(lambda: status(b) == status(o) == "done", what="both done")
+    cont = {(m["id"], m["from"], m["to"]) for e, _, m in events if e == "inline.continue"}
+    assert cont == {(b, "b", "c"), (o, "a", "b")}
+    # The continued step started from the committed state, not the step's in-place edit.
+    assert Instance.objects.get(id=o).result == {"log": str(log), "orig": 1, "b_saw_mutation": False}
+
+
+@pytest.mark.parametrize("orphan", ["cancelled", "reclaimed"])
+def test_an_orphaned_continuation_commits_nothing_and_runs_nothing(engine, queue_name, tmp_path, events, orphan):
+    log, held = tmp_path / "log", tmp_path / "hold"
+    held.touch()
+    spy = SpyLimiter()
+    sup = engine({queue_name: 2})
+    use_limiter(sup, spy)
+    id_ = gd.insert(InlineChain, queue=queue_name, state={"log": str(log), "hold": str(held)})
+    wait_until(lambda: steps_of(log, id_) == ["a"], what="step a running")
+    with connection.cursor() as cur:
+        if orphan == "cancelled":
+            gd.cancel(id_, "cancelled mid-step")
+        else:  # its lease lapsed and another worker re-claimed it
+            cur.execute("UPDATE gen_durable SET locked_by = 'other-worker' WHERE id = %s", [id_])
+    held.unlink()
+    wait_until(lambda: any(e == "outcome.stale" and m["id"] == id_ for e, _, m in events), what="stale outcome")
+    sup.stop()
+    row = Instance.objects.get(id=id_)
+    assert row.step == "a", "the transition to b was not committed"
+    assert (row.status, row.locked_by) == (("failed", None) if orphan == "cancelled" else ("executing", "other-worker"))
+    assert steps_of(log, id_) == ["a"], "b never ran"
+    assert spy.calls == [], "an orphan never reaches the limiter"
+    assert not any(e == "inline.continue" for e, _, _ in events)
+
+
+def test_control_the_same_chain_not_orphaned_runs_on_and_admits_after_the_commit(engine, queue_name, tmp_path):
+    log, held = tmp_path / "log", tmp_path / "hold"
+    held.touch()
+    spy = SpyLimiter()
+    sup = engine({queue_name: 2})
+    use_limiter(sup, spy)
+    id_ = gd.insert(InlineChain, queue=queue_name, state={"log": str(log), "hold": str(held)})
+    wait_until(lambda: steps_of(log, id_) == ["a"], what="step a running")
+    held.unlink()
+    wait_until(lambda: status(id_) == "done", what="done")
+    assert steps_of(log, id_) == ["a", "b", "c"]
+    worker = sup.schedulers[queue_name].worker_id
+    # Admission ran after each transition had committed (the row at the next step, still ours).
+    assert spy.calls == [(id_, "b", ("executing", "b", worker)), (id_, "c", ("executing", "c", worker))]
+
+
+def test_a_denied_admission_requeues_through_the_pick(engine, queue_name, tmp_path, events):
+    log = tmp_path / "log"
+    spy = SpyLimiter(deny=1)
+    sup = engine({queue_name: 2})
+    use_limiter(sup, spy)
+    id_ = gd.insert(InlineChain, queue=queue_name, state={"log": str(log), "rate": "api"})
+    wait_until(lambda: status(id_) == "done", what="done")
+    assert steps_of(log, id_) == ["a", "b", "c"]
+    yields = [(m["step"], m["reason"]) for e, _, m in events if e == "inline.yield" and m["id"] == id_]
+    assert yields == [("b", "throttled")]
+    claimed = [ms["count"] for e, ms, m in events if e == "pick.stop" and m["queue"] == queue_name and ms["count"]]
+    assert claimed == [1, 1], "b was requeued and claimed again by the pick"
+    threads = {t for *_, t, _ in log_lines(log)}
+    assert len(threads) <= 2
+
+
+@override_settings(GEN_DURABLE={"QUEUES": {"default": 4}, "INLINE": {"MAX_STEPS": 3}, "LEASE_TTL": 3,
+                                "HEARTBEAT_INTERVAL": 0.5, "POLL_INTERVAL": 0.05, "MAX_POLL_INTERVAL": 0.2})
+def test_a_chain_yields_after_max_steps(engine, queue_name, events):
+    id_ = gd.insert(InlineCounter, queue=queue_name, state={"target": 7})
+    engine({queue_name: 2})
+    wait_until(lambda: status(id_) == "done", what="done")
+    yields = [(ms["steps"], m["reason"]) for e, ms, m in events if e == "inline.yield" and m["id"] == id_]
+    assert yields == [(3, "bound"), (3, "bound")]
+    assert len([1 for e, _, m in events if e == "inline.continue" and m["id"] == id_]) == 4
+
+
+def test_a_new_concurrency_key_yields_to_the_pick(engine, queue_name, events):
+    id_ = gd.insert(InlineCounter, queue=queue_name, state={"target": 2, "switch_to": "other:1"},
+                    concurrency_key="mine:1")
+    engine({queue_name: 2})
+    wait_until(lambda: status(id_) == "done", what="done")
+    assert [m["reason"] for e, _, m in events if e == "inline.yield" and m["id"] == id_] == ["key"]
+    assert Instance.objects.get(id=id_).concurrency_key == "other:1"
+
+
+def test_k1_key_stays_held_across_the_chain(engine, queue_name):
+    InlineCounter.PEAK.clear()
+    ids = gd.insert_all([gd.Spec(InlineCounter, queue=queue_name, concurrency_key="solo:x",
+                                 state={"target": 3, "sleep": 0.1, "tag": queue_name}) for _ in range(2)])
+    ctl = gd.insert_all([gd.Spec(InlineCounter, queue=queue_name,
+                                 state={"target": 3, "sleep": 0.1, "tag": queue_name + "ctl"}) for _ in range(2)])
+    engine({queue_name: 4})
+    wait_until(lambda: all(status(i) == "done" for i in ids + ctl), what="all done")
+    assert InlineCounter.PEAK[queue_name] == 1, "two chains of one K=1 key overlapped"
+    assert InlineCounter.PEAK[queue_name + "ctl"] == 2, "control: unkeyed chains do run side by side"
+
+
+@pytest.mark.slow
+def test_a_crash_mid_chain_reruns_the_committed_step_once(committed, engine, queue_name, tmp_path):
+    from tests.races.test_faults import RUNDURABLE, ROOT  # the rundurable child-process setup
+
+    import subprocess
+    import sys  # noqa: F401
+
+    log, kill = tmp_path / "log", tmp_path / "kill"
+    kill.touch()
+    id_ = gd.insert(InlineChain, queue=queue_name, state={"log": str(log), "kill": str(kill)})
+    env = dict(os.environ, DJANGO_SETTINGS_MODULE="tests.settings",
+               GEN_DURABLE_TEST_DB_NAME=connection.settings_dict["NAME"])
+    proc = subprocess.Popen(RUNDURABLE + ["--queue", f"{queue_name}=2", "--no-gc"], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert proc.wait(60) == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    row = Instance.objects.get(id=id_)
+    assert (row.status, row.step, row.state.get("a")) == ("executing", "b", True), "a's transition was durable"
+    engine({queue_name: 2})  # a new worker: the reaper returns the row; b re-runs
+    wait_until(lambda: status(id_) == "done", timeout=30, what="done")
+    runs = Counter(s for s in steps_of(log, id_))
+    assert runs == {"a": 1, "b": 2, "c": 1}, "the committed step a never re-ran; b re-ran once"
+    assert [a for _, s, a, *_ in log_lines(log) if s == "b"] == [0, 1]
