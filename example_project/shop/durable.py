@@ -173,13 +173,14 @@ def noop(args):
 
 
 class Waiter(gd.Machine):
-    """Parks until signal "go", then finishes with its payload: the unit of the signal benchmarks."""
+    """Parks until signal "go" (or state["timeout"] seconds), then finishes with its payload:
+    the unit of the signal and timer benchmarks."""
 
     name = "shop.Waiter"
 
     @gd.step
     def start(self, ctx):
-        return gd.Await("go", next="finish")
+        return gd.Await("go", next="finish", timeout=ctx.state.get("timeout"))
 
     @gd.step
     def finish(self, ctx):

@@ -8,7 +8,9 @@
 -- Index: gen_durable_correlation is the ON CONFLICT arbiter; a NULL guard never conflicts.
 -- Returns: one row (id) when inserted, none when the key is occupied.
 -- A due row notifies its queue on commit: pg_notify is transactional and Postgres
--- folds identical (channel, payload) pairs of one transaction into one.
+-- folds identical (channel, payload) pairs of one transaction into one. A row scheduled
+-- for later notifies `gen_durable_timer` instead, so every worker's timer re-reads its
+-- next deadline (docs/guide.md "Time").
 WITH ins AS (
     INSERT INTO gen_durable (fsm, fsm_version, step, state, queue, priority, eligible_at,
                              concurrency_key, rate_limit, weight, correlation_key,
@@ -20,5 +22,5 @@ WITH ins AS (
     ON CONFLICT (correlation_guard) WHERE correlation_guard IS NOT NULL DO NOTHING
     RETURNING id, queue, eligible_at <= now() AS due
 )
-SELECT id, (CASE WHEN due THEN pg_notify('gen_durable', queue) END) IS NULL AS notified
+SELECT id, pg_notify(CASE WHEN due THEN 'gen_durable' ELSE 'gen_durable_timer' END, queue) IS NULL AS notified
 FROM ins

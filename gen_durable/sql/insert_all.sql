@@ -36,7 +36,9 @@ WITH input AS (
     ON CONFLICT (correlation_guard) WHERE correlation_guard IS NOT NULL DO NOTHING
     RETURNING id, correlation_key, parent_id, queue, eligible_at <= now() AS due
 ), wake AS (
-    SELECT pg_notify('gen_durable', queue) FROM (SELECT DISTINCT queue FROM ins WHERE due) q
+    -- Due rows wake their queue; rows scheduled for later re-arm the workers' timers.
+    SELECT pg_notify(CASE WHEN due THEN 'gen_durable' ELSE 'gen_durable_timer' END, queue)
+    FROM (SELECT DISTINCT queue, due FROM ins) q
 )
 SELECT ins.id, ins.correlation_key, ins.parent_id
 FROM ins CROSS JOIN (SELECT count(*) FROM wake) w

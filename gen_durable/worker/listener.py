@@ -1,7 +1,9 @@
 """Internal: LISTEN for wake-ups on the `gen_durable` channel (SPEC §4.11).
 
 A dedicated psycopg connection (autocommit) listens; each notification's payload is a
-queue name, handed to `on_wake(queue)`. A lost connection is re-established with
+queue name, handed to `on_wake(queue)`. With `on_timer`, it also listens on
+`gen_durable_timer` (a row was scheduled for later in that queue) and hands those payloads
+to `on_timer(queue)`, which re-arms the worker's timer. A lost connection is re-established with
 back-off and followed by `on_reconnect()` — an immediate re-poll of every queue, since
 notifications sent while it was down are gone. Polling stays the floor.
 """
@@ -17,12 +19,14 @@ from .roles import Role
 logger = logging.getLogger("gen_durable.listener")
 
 CHANNEL = "gen_durable"
+TIMER_CHANNEL = "gen_durable_timer"
 
 
 class Listener(Role):
-    def __init__(self, on_wake, on_reconnect, using=None, channel=CHANNEL):
+    def __init__(self, on_wake, on_reconnect, using=None, channel=CHANNEL, on_timer=None):
         self.channel = channel
         self.on_wake = on_wake
+        self.on_timer = on_timer
         self.on_reconnect = on_reconnect
         self.using = using
         self._conn = None
@@ -34,6 +38,8 @@ class Listener(Role):
         params.pop("cursor_factory", None)
         conn = psycopg.connect(**params, autocommit=True)
         conn.execute(f"LISTEN {self.channel}")
+        if self.on_timer is not None:
+            conn.execute(f"LISTEN {TIMER_CHANNEL}")
         return conn
 
     def _loop(self):
@@ -48,7 +54,10 @@ class Listener(Role):
                 backoff = 0.1
                 while not self._stop.is_set():
                     for note in self._conn.notifies(timeout=0.5):
-                        self.on_wake(note.payload)
+                        if note.channel == TIMER_CHANNEL:
+                            self.on_timer(note.payload)
+                        else:
+                            self.on_wake(note.payload)
             except Exception as exc:
                 if self._stop.is_set():
                     break

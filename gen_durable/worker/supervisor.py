@@ -4,7 +4,7 @@ Connections (SPEC §4.13): each role has its own Django connection (Django keeps
 per thread), so heartbeats and commits never wait behind step work:
     per process = Σ queue concurrency (step threads, only if steps use the DB)
                 + queues (one scheduler each) + 1 flusher + 1 heartbeat + 1 listener
-                + 1 reaper + 1 GC (when enabled here)
+                + 1 timer + 1 reaper + 1 GC (when enabled here)
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from .flusher import Flusher
 from .listener import Listener
 from .maintenance import Periodic, make_gc_sweep, reaper_sweep
 from .scheduler import Scheduler
+from .timers import Timer
 
 logger = logging.getLogger("gen_durable.worker")
 
@@ -69,6 +70,8 @@ class Supervisor:
         self._stop = threading.Event()
         self._roles = []
         self.listener = None
+        # Await deadlines and scheduled rows fire on time, reaper or not (docs/guide.md "Time").
+        self.timer = Timer(self.schedulers, self._wake, self.using) if self.schedulers else None
 
     # wake-ups
     def _wake(self, queue):
@@ -79,6 +82,11 @@ class Supervisor:
     def _wake_all(self):
         for sched in self.schedulers.values():
             sched._wake.set()
+        self._poke_timer()
+
+    def _poke_timer(self, *_):
+        if self.timer is not None:
+            self.timer.poke()
 
     def _settle(self, entries, completed=True):
         by_queue: dict = {}
@@ -95,6 +103,10 @@ class Supervisor:
         self._settle([e for e in entries if e.kind != "inline"])
         for q in result.woken:
             self._wake(q)
+        # This flush may have armed a deadline earlier than the timer's next one.
+        if any((e.kind == "retry" and e.delay > 0) or (e.kind == "await" and e.timeout is not None)
+               for e in entries if e.id in result.committed):
+            self._poke_timer()
 
     def _on_failure(self, entries):
         # The rows stay executing; their leases lapse and the reaper returns them.
@@ -117,6 +129,8 @@ class Supervisor:
         for sched in self.schedulers.values():
             sched.start()
         self._roles.append(Periodic("heartbeat", self.s.HEARTBEAT_INTERVAL, self._heartbeat, self.using).start())
+        if self.timer is not None:
+            self._roles.append(self.timer.start())
         if self.config.reaper and self.s.REAPER:
             self._roles.append(Periodic("reaper", self.s.REAPER["INTERVAL"],
                                         lambda: reaper_sweep(self.using), self.using).start())
@@ -124,7 +138,7 @@ class Supervisor:
             self._roles.append(Periodic("gc", self.s.GC["INTERVAL"], make_gc_sweep(
                 self.s.GC["RETENTION"], self.s.GC["BATCH"], self.limiter, self.using), self.using).start())
         if self.s.NOTIFY == "postgres" and self.schedulers:
-            self.listener = Listener(self._wake, self._wake_all, self.using).start()
+            self.listener = Listener(self._wake, self._wake_all, self.using, on_timer=self._poke_timer).start()
         return self
 
     def request_stop(self, *_):
