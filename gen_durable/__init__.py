@@ -3,13 +3,17 @@
 Public API only; everything else is internal.
 """
 
-from .calls import acancel, ainsert, ainsert_all, asignal, cancel, insert, insert_all, signal
+from .calls import (
+    acancel, ainsert, ainsert_all, apause_queue, apaused_queues, aresume_queue, aretry, asignal, cancel,
+    insert, insert_all, pause_queue, paused_queues, resume_queue, retry, signal,
+)
 from .exceptions import (
     DuplicateInstance,
     GenDurableError,
     InvalidInput,
     InvalidOutcome,
     NoTarget,
+    NotRetryable,
     SerializationError,
     UnknownMachine,
 )
@@ -19,8 +23,10 @@ from .outcomes import Await, Cancel, Child, Done, Error, Next, Retry, ScheduleCh
 
 __all__ = [
     "Await", "Cancel", "Child", "Context", "Done", "DuplicateInstance", "Error", "GenDurableError",
-    "InvalidInput", "InvalidOutcome", "Job", "Machine", "Next", "NoTarget", "Retry",
+    "InvalidInput", "InvalidOutcome", "Job", "Machine", "Next", "NoTarget", "NotRetryable", "Retry",
     "ScheduleChildren", "SerializationError", "Spec", "Stop", "UnknownMachine",
     "Result", "Snapshot", "aawait_result", "acancel", "aget", "ainsert", "ainsert_all", "asignal",
     "await_result", "cancel", "get", "insert", "insert_all", "job", "signal", "step",
+    "apause_queue", "apaused_queues", "aresume_queue", "aretry", "pause_queue", "paused_queues",
+    "resume_queue", "retry",
 ]

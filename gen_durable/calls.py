@@ -285,3 +285,87 @@ asignal = sync_to_async(signal)
 asignal.__doc__ = "Async twin of `signal`."
 acancel = sync_to_async(cancel)
 acancel.__doc__ = "Async twin of `cancel`."
+
+
+def retry(target, *, using=None) -> int:
+    """Make instance `target` (id or live correlation key) runnable at its current step now.
+
+    Retries a `failed` instance, wakes one parked `awaiting_signal` (as its Await timeout
+    would: `ctx.awaited` holds the matching inbox signals, possibly none), and makes a
+    `runnable` one waiting for its retry back-off or schedule eligible now.
+    Attempt rule: a failed instance starts a fresh count (`attempt` = 0, so a job gets its
+    whole `max_attempts` again); any other keeps its `attempt`. `last_error` is kept.
+    A failed child whose parent still waits on its children is counted on the join again.
+    Failed instances are addressed by id: their correlation key was released when they
+    failed. Statements: 1. Returns the id.
+    Raises:
+        NoTarget: no such instance.
+        NotRetryable: it is done, executing, or awaiting its children.
+        DuplicateInstance: it failed and another live instance now holds its correlation key.
+        InvalidInput: `target` is neither an int nor a str.
+    """
+    from django.db import IntegrityError, transaction
+
+    from .exceptions import NotRetryable
+    from .results import target_params
+
+    params = target_params(target)
+    try:
+        with transaction.atomic(using=db.connection(using).alias):
+            row = db.fetchone(sql.RETRY, params, using)
+    except IntegrityError as exc:  # a racing insert took the key between check and update
+        if "gen_durable_correlation" not in str(exc):
+            raise
+        raise DuplicateInstance(target) from None
+    if row is None:
+        raise NoTarget(target)
+    id_, was, retried, _queue, _parents, _notified, blocked = row
+    if blocked:
+        raise DuplicateInstance(target)
+    if not retried:
+        raise NotRetryable(target, was)
+    return id_
+
+
+def pause_queue(name: str, *, using=None) -> bool:
+    """Stop every worker claiming from queue `name` until `resume_queue(name)`.
+
+    Each scheduler reads the paused set at most once a second, so every worker on every
+    host stops claiming within about a second; steps already claimed finish and commit.
+    The pause is a row in `gen_durable_queue_pauses`: it survives restarts. Inserting,
+    signalling and cancelling keep working. Statements: 1.
+    Returns True when the queue was not paused before. Raises InvalidInput for a name
+    that is not a non-empty string.
+    """
+    _queue_name(name)
+    return db.fetchone(sql.PAUSE_QUEUE, {"queue": name}, using) is not None
+
+
+def resume_queue(name: str, *, using=None) -> bool:
+    """Let workers claim from queue `name` again (within about a second; a NOTIFY on
+    commit wakes them at once when they listen). Statements: 1.
+    Returns True when the queue was paused. Raises InvalidInput for a bad name.
+    """
+    _queue_name(name)
+    return db.fetchone(sql.RESUME_QUEUE, {"queue": name}, using) is not None
+
+
+def paused_queues(*, using=None) -> list[str]:
+    """The names of the paused queues, sorted. Statements: 1."""
+    return [r[0] for r in db.fetchall(sql.PAUSED_QUEUES, None, using)]
+
+
+def _queue_name(name):
+    if not isinstance(name, str) or not name.strip():
+        raise InvalidInput(f"queue must be a non-empty string, got {name!r}")
+    text(name, "queue")
+
+
+aretry = sync_to_async(retry)
+aretry.__doc__ = "Async twin of `retry`."
+apause_queue = sync_to_async(pause_queue)
+apause_queue.__doc__ = "Async twin of `pause_queue`."
+aresume_queue = sync_to_async(resume_queue)
+aresume_queue.__doc__ = "Async twin of `resume_queue`."
+apaused_queues = sync_to_async(paused_queues)
+apaused_queues.__doc__ = "Async twin of `paused_queues`."

@@ -46,3 +46,20 @@ class SerializationError(GenDurableError, TypeError):
 
 class InvalidOutcome(GenDurableError, TypeError):
     """A step or `handle` returned something that is not an outcome (SPEC §1)."""
+
+
+class NotRetryable(GenDurableError):
+    """`retry` found the instance in a status it does not retry (done, executing or
+    awaiting its children).
+
+    Attributes: `target`, `status` (str).
+    """
+
+    def __init__(self, target, status):
+        self.target, self.status = target, status
+        why = {
+            "done": "it finished successfully",
+            "executing": "a worker is running its step",
+            "awaiting_children": "it waits for its children (retry or cancel those instead)",
+        }.get(status, f"its status is {status}")
+        super().__init__(f"cannot retry gen_durable instance {target!r}: {why}")

@@ -138,3 +138,49 @@ class Bucket(models.Model):
     class Meta:
         db_table = "gen_durable_buckets"
         managed = False
+
+
+class QueuePause(models.Model):
+    """A paused queue (table `gen_durable_queue_pauses`); see `gd.pause_queue`."""
+
+    queue = models.TextField(primary_key=True)
+    paused_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "gen_durable_queue_pauses"
+        managed = False
+
+    def __str__(self):
+        return self.queue
+
+
+class Worker(models.Model):
+    """A running worker process (table `gen_durable_workers`), refreshed by its heartbeat.
+
+    `id` is the supervisor's token (the suffix of the `locked_by` of its claims);
+    `queues` the queues it serves; a row whose `last_seen` is older than LEASE_TTL
+    belongs to a process that is gone.
+    """
+
+    id = models.TextField(primary_key=True)
+    host = models.TextField()
+    pid = models.IntegerField()
+    queues = TextArrayField()
+    started_at = models.DateTimeField(db_default=Now())
+    last_seen = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "gen_durable_workers"
+        managed = False
+
+    def __str__(self):
+        return f"{self.host}:{self.pid} ({self.id})"
+
+
+class QueueOverview(Instance):
+    """No table of its own: gives the admin index its "Queue overview" entry."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "queue overview"
+        verbose_name_plural = "queue overview"

@@ -20,13 +20,14 @@ from collections import deque
 
 from django.db import close_old_connections
 
-from .. import db, telemetry
+from .. import db, sql, telemetry
 from .claims import pick, reclaim, release
 from .executor import continuation, execute, requeue_entry
 
 logger = logging.getLogger("gen_durable.scheduler")
 
 RELEASE_ATTEMPTS = 5  # shutdown release passes over rows locked for a moment; retry them
+PAUSE_CHECK_INTERVAL = 1.0  # seconds: how stale this scheduler's view of a queue pause may be
 
 
 class Scheduler:
@@ -51,6 +52,8 @@ class Scheduler:
         self.running = 0
         self.completed = 0
         self._tuned = None
+        self._paused = False
+        self._paused_read = float("-inf")
         self._thread = threading.Thread(target=self._loop, name=f"gd-sched-{queue}", daemon=True)
         self._steps = [threading.Thread(target=self._step_loop, name=f"gd-step-{queue}-{i}", daemon=True)
                        for i in range(concurrency)]
@@ -116,6 +119,19 @@ class Scheduler:
         over = waiting - self.flush_allowance
         return self.concurrency + self.prefetch - (self.running + len(self.buffer) + max(over, 0))
 
+    def paused(self) -> bool:
+        """Whether the queue is paused (gd.pause_queue), read at most once a second.
+
+        One primary-key probe of the small pause table per PAUSE_CHECK_INTERVAL, not per
+        pick: a pause takes effect within about a second on every worker; rows already
+        claimed (buffered or running) finish.
+        """
+        now = time.monotonic()
+        if now - self._paused_read >= PAUSE_CHECK_INTERVAL:
+            self._paused = bool(db.fetchone(sql.QUEUE_PAUSED, {"queue": self.queue}, self.using)[0])
+            self._paused_read = now
+        return self._paused
+
     # --- loop -------------------------------------------------------------------
     def reclaim(self) -> int:
         margin = max(self.s.LEASE_TTL - 2 * self.s.HEARTBEAT_INTERVAL, 0)
@@ -145,7 +161,7 @@ class Scheduler:
         self._tune_connection()
         demand = self.demand()
         claimed = 0
-        if demand > 0 and (demand >= self.min_demand or self.idle()):
+        if demand > 0 and (demand >= self.min_demand or self.idle()) and not self.paused():
             started = time.perf_counter()
             jobs = pick(self.queue, demand, self.worker_id, self.s.LEASE_TTL,
                         gates=self.limiter.gate_names(), using=self.using)
@@ -275,6 +291,8 @@ class Scheduler:
                     interval = self.s.POLL_INTERVAL
                 else:
                     interval = min(interval * 2, self.s.MAX_POLL_INTERVAL)
+                if self._paused:  # notice a resume within about a second
+                    interval = min(interval, PAUSE_CHECK_INTERVAL)
             self._wake.wait(interval)
             self._wake.clear()
         db.connection(self.using).close()

@@ -18,7 +18,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from .. import db
+from .. import db, sql
 from ..conf import get_settings
 from ..limiter import get_limiter
 from .claims import heartbeat
@@ -117,6 +117,16 @@ class Supervisor:
             ids = sched.held_ids()
             if ids:
                 heartbeat(ids, sched.worker_id, self.s.LEASE_TTL, self.using)
+        self._register()
+
+    def _register(self):
+        """Upsert this process's row of the worker registry (the admin overview reads it)."""
+        try:
+            db.fetchone(sql.WORKER_REGISTER, {
+                "id": self.token, "host": socket.gethostname(), "pid": os.getpid(),
+                "queues": list(self.schedulers), "stale": 10 * self.s.LEASE_TTL}, self.using)
+        except Exception as exc:  # the registry only informs operators; leases do not depend on it
+            logger.warning("could not refresh the worker registry: %s", exc)
 
     def start(self):
         logger.info(
@@ -125,6 +135,7 @@ class Supervisor:
             self.token, self.config.queues, self.s.LEASE_TTL, self.s.HEARTBEAT_INTERVAL,
             self.s.POLL_INTERVAL, self.s.MAX_POLL_INTERVAL, self.s.NOTIFY, self.s.FLUSH,
             self.s.REAPER if self.config.reaper else "off", self.s.GC if self.config.gc else "off")
+        self._register()
         self.flusher.start()
         for sched in self.schedulers.values():
             sched.start()
@@ -158,6 +169,10 @@ class Supervisor:
             if role.name == "heartbeat":
                 role.stop()
         self.flusher.stop(timeout=5)
+        try:
+            db.execute(sql.WORKER_UNREGISTER, {"id": self.token}, self.using)
+        except Exception as exc:
+            logger.warning("could not remove worker %s from the registry: %s", self.token, exc)
         logger.info("gen_durable worker %s stopped: %s", self.token, results)
         return results
 

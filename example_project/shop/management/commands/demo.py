@@ -72,6 +72,22 @@ class Command(BaseCommand):
         parser.add_argument("--timeout", type=float, default=90.0, help="Give up after this many seconds.")
 
     # ------------------------------------------------------------------ helpers
+    def admin_user(self):
+        """Create (or reset) the demo's superuser and print where the admin is."""
+        import secrets
+
+        from django.contrib.auth import get_user_model
+
+        password = secrets.token_urlsafe(12)
+        user, _ = get_user_model().objects.get_or_create(username="demo-admin", defaults={"email": ""})
+        user.is_staff = user.is_superuser = True
+        user.set_password(password)
+        user.save()
+        self.say(self.style.MIGRATE_HEADING("7. admin"))
+        self.say("  run `cd example_project && ../.venv/bin/python manage.py runserver` (and `manage.py rundurable`),")
+        self.say("  then open http://localhost:8000/admin/ — instances, inboxes, the queue overview")
+        self.say(f"  superuser: demo-admin  password: {password}  (a new password on every demo run)")
+
     def say(self, msg="", style=None):
         self.stdout.write(style(msg) if style else msg)
 
@@ -323,6 +339,7 @@ class Command(BaseCommand):
                 s = (hi - lo).total_seconds()
                 self.say(f"  Pipeline: {pipelines} instances × 5 steps in {s:.2f}s: {pipelines / s:,.0f} instances/s, "
                          f"{steps / s:,.0f} steps/s (sharing the worker with everything else)")
+        self.admin_user()
         if self.failures:
             self.say(self.style.ERROR(f"demo FAILED: {len(self.failures)} check(s) failed; worker log: {self.log.name}"))
             sys.exit(1)

@@ -1,0 +1,489 @@
+"""The Django admin of gen_durable: instances, inboxes, limiter tables, queue overview.
+
+Installing the app registers everything; nothing to write in a project's admin.py.
+Built for tables of millions of rows (docs/admin.md):
+
+- changelists never count the whole table (`EstimatedCountPaginator`,
+  `show_full_result_count = False`), sort only by the primary key, filter on choices
+  taken from the settings and the machine registry (never `SELECT DISTINCT`), and search
+  by exact id or exact live correlation key (index lookups, never `icontains`);
+- the detail page shows the newest INLINE_LIMIT inbox rows and children, with a count
+  of the rest and a link to them;
+- actions (cancel, retry now, deliver a signal) go through the public calls, need the
+  change permission and a confirmation page; view-only staff see everything and
+  change nothing.
+"""
+
+from __future__ import annotations
+
+import json
+
+from django import forms
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.core.serializers.json import DjangoJSONEncoder
+from django.http import HttpResponseNotAllowed, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.html import format_html, format_html_join
+from django.utils.http import urlencode
+
+from . import calls, overview, registry
+from .admin_paging import EstimatedCountPaginator
+from .conf import database_alias
+from .exceptions import DuplicateInstance, GenDurableError, NoTarget, NotRetryable
+from .models import Bucket, BucketConfig, Instance, QueueOverview, Signal
+from .statuses import Status
+
+INLINE_LIMIT = 20  # newest inbox rows / children shown on the detail page
+MAX_ACTION_ROWS = 1000  # one action confirms and applies at most this many instances
+BIGINT = 2**63
+
+
+def _pretty(value):
+    if value is None:
+        return "—"
+    return format_html("<pre class=\"gd-json\">{}</pre>",
+                       json.dumps(value, indent=2, sort_keys=True, cls=DjangoJSONEncoder, ensure_ascii=False))
+
+
+def _exact_id(term: str):
+    term = term.strip().lstrip("#")
+    if term.isdigit() and int(term) < BIGINT:
+        return int(term)
+    return None
+
+
+# --- filters: choices from configuration and registry --------------------------------
+class StatusFilter(admin.SimpleListFilter):
+    title = "status"
+    parameter_name = "status"
+
+    def lookups(self, request, model_admin):
+        return Status.choices
+
+    def queryset(self, request, queryset):
+        return queryset.filter(status=self.value()) if self.value() else queryset
+
+
+class QueueFilter(admin.SimpleListFilter):
+    title = "queue"
+    parameter_name = "queue"
+
+    def lookups(self, request, model_admin):
+        return [(q, q) for q in overview.configured_queues()]
+
+    def queryset(self, request, queryset):
+        return queryset.filter(queue=self.value()) if self.value() else queryset
+
+
+class MachineFilter(admin.SimpleListFilter):
+    title = "machine"
+    parameter_name = "machine"
+
+    def lookups(self, request, model_admin):
+        names = sorted({name for (name, _version) in registry.all_machines()})
+        return [(n, n) for n in names]
+
+    def queryset(self, request, queryset):
+        return queryset.filter(fsm=self.value()) if self.value() else queryset
+
+
+# --- action forms ----------------------------------------------------------------------
+class CancelForm(forms.Form):
+    reason = forms.CharField(max_length=2000, initial="cancelled in the admin",
+                             help_text="Stored as the instance's last_error.")
+
+
+class RetryForm(forms.Form):
+    pass
+
+
+class SignalForm(forms.Form):
+    name = forms.CharField(max_length=200, help_text="The signal name an Await waits for.")
+    payload = forms.CharField(widget=forms.Textarea(attrs={"rows": 6, "cols": 60}), initial="{}",
+                              help_text="JSON (an object, list, string, number, true/false or null).")
+    dedup_key = forms.CharField(max_length=200, required=False,
+                                help_text="Optional: a redelivery with the same key to the same instance is a no-op.")
+
+    def clean_payload(self):
+        try:
+            return json.loads(self.cleaned_data["payload"])
+        except ValueError as exc:
+            raise forms.ValidationError(f"not valid JSON: {exc}") from None
+
+
+ACTIONS = {
+    "cancel": {"title": "Cancel", "verb": "cancel", "form": CancelForm,
+               "help": "Each live instance becomes failed with the reason; a running step's late outcome is dropped."},
+    "retry": {"title": "Retry now", "verb": "retry", "form": RetryForm,
+              "help": "Failed instances run their current step again with a fresh attempt count; "
+                      "instances parked on a signal wake as if their Await timed out; runnable ones "
+                      "waiting for a back-off or schedule become due now."},
+    "signal": {"title": "Deliver a signal", "verb": "signal", "form": SignalForm,
+               "help": "The signal lands in each instance's inbox and wakes it if it awaits that name."},
+}
+
+
+@admin.register(Instance)
+class InstanceAdmin(admin.ModelAdmin):
+    list_display = ("id", "machine", "step", "status", "queue", "priority", "attempt", "eligible_at",
+                    "correlation_key", "updated_at")
+    list_display_links = ("id",)
+    list_filter = (StatusFilter, QueueFilter, MachineFilter)
+    search_fields = ("=id",)  # shows the search box; get_search_results does exact lookups only
+    search_help_text = "An instance id, or the exact correlation key of a live instance."
+    ordering = ("-id",)
+    sortable_by = ("id",)  # the primary key is the one index every row is in
+    show_full_result_count = False
+    paginator = EstimatedCountPaginator
+    list_per_page = 50
+    actions = ("cancel_selected", "retry_selected", "signal_selected")
+    change_form_template = "admin/gen_durable/instance/change_form.html"
+    fieldsets = (
+        (None, {"fields": ("id", "machine", "fsm_version", "step", "status", "queue", "priority", "attempt",
+                           "eligible_at", "correlation_key", "inserted_at", "updated_at")}),
+        ("State and outcome", {"fields": ("state_pretty", "result_pretty", "last_error_pretty")}),
+        ("Lease", {"fields": ("locked_by", "lease_expires_at")}),
+        ("Waiting", {"fields": ("awaits", "await_deadline", "parent_link", "children_pending")}),
+        ("Limits", {"fields": ("concurrency_key", "concurrency_shard", "rate_limit", "weight")}),
+        ("Inbox", {"fields": ("inbox",)}),
+        ("Children", {"fields": ("children_list",)}),
+    )
+
+    # --- read-only everywhere ----------------------------------------------------------
+    def get_readonly_fields(self, request, obj=None):
+        return [f for fs in self.fieldsets for f in fs[1]["fields"]]
+
+    def has_add_permission(self, request):
+        return False  # gd.insert validates against the machine; the admin form could not
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # cancel is the safe way to stop an instance
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).using(database_alias())
+
+    def lookup_allowed(self, lookup, value, request=None):
+        # "N more children" links filter on the parent (gen_durable_parent index).
+        return lookup in ("parent", "parent__id__exact") or super().lookup_allowed(lookup, value, request)
+
+    def get_search_results(self, request, queryset, search_term):
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        from django.db.models import Q
+        from django.db.models.expressions import RawSQL
+
+        # correlation_guard is the indexed (gen_durable_correlation) copy of a live key.
+        by_key = Q(id__in=RawSQL("SELECT id FROM gen_durable WHERE correlation_guard = %s", (term,)))
+        id_ = _exact_id(term)
+        return queryset.filter(by_key | Q(id=id_) if id_ is not None else by_key), False
+
+    def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
+        if request.method == "POST":
+            return HttpResponseNotAllowed(["GET"])  # nothing here is edited by a form
+        extra_context = dict(extra_context or {}, show_save=False, show_save_and_continue=False,
+                             show_save_and_add_another=False, show_delete=False,
+                             can_act=self.has_change_permission(request),
+                             title=f"Instance #{object_id}")
+        return super().changeform_view(request, object_id, form_url, extra_context)
+
+    # --- detail fields -------------------------------------------------------------------
+    @admin.display(description="machine")
+    def machine(self, obj):
+        return obj.fsm
+
+    @admin.display(description="state")
+    def state_pretty(self, obj):
+        return _pretty(obj.state)
+
+    @admin.display(description="result")
+    def result_pretty(self, obj):
+        return _pretty(obj.result)
+
+    @admin.display(description="last error")
+    def last_error_pretty(self, obj):
+        return format_html("<pre class=\"gd-json\">{}</pre>", obj.last_error) if obj.last_error else "—"
+
+    @admin.display(description="parent")
+    def parent_link(self, obj):
+        if obj.parent_id is None:
+            return "—"
+        url = reverse("admin:gen_durable_instance_change", args=[obj.parent_id])
+        return format_html('<a href="{}">#{}</a>', url, obj.parent_id)
+
+    @admin.display(description="inbox (newest first)")
+    def inbox(self, obj):
+        rows = list(Signal.objects.using(database_alias()).filter(target_id=obj.id)
+                    .order_by("-id")[:INLINE_LIMIT])
+        total = len(rows) if len(rows) < INLINE_LIMIT else (
+            Signal.objects.using(database_alias()).filter(target_id=obj.id).count())
+        if not rows:
+            return "empty"
+        body = format_html_join("", "<tr><td>{}</td><td>{}</td><td><code>{}</code></td><td>{}</td><td>{}</td></tr>", (
+            (s.id, s.name, json.dumps(s.payload, cls=DjangoJSONEncoder, ensure_ascii=False)[:500],
+             s.dedup_key or "—", s.inserted_at) for s in rows))
+        url = reverse("admin:gen_durable_signal_changelist") + "?" + urlencode({"target": obj.id})
+        return format_html(
+            '<table class="gd-inline" id="gd-inbox"><thead><tr><th>id</th><th>name</th><th>payload</th>'
+            "<th>dedup key</th><th>inserted at</th></tr></thead><tbody>{}</tbody></table>{}",
+            body, _more(total - len(rows), url, "signals"))
+
+    @admin.display(description="children (newest first)")
+    def children_list(self, obj):
+        qs = Instance.objects.using(database_alias()).filter(parent_id=obj.id)
+        rows = list(qs.order_by("-id").only("id", "fsm", "step", "status", "result", "last_error")[:INLINE_LIMIT])
+        total = len(rows) if len(rows) < INLINE_LIMIT else qs.count()
+        if not rows:
+            return "none"
+        body = format_html_join("", '<tr><td><a href="{}">#{}</a></td><td>{}</td><td>{}</td><td>{}</td><td><code>{}</code></td></tr>', (
+            (reverse("admin:gen_durable_instance_change", args=[c.id]), c.id, c.fsm, c.status, c.step,
+             (json.dumps(c.result, cls=DjangoJSONEncoder, ensure_ascii=False) if c.result is not None
+              else (c.last_error or ""))[:500]) for c in rows))
+        url = reverse("admin:gen_durable_instance_changelist") + "?" + urlencode({"parent": obj.id})
+        return format_html(
+            '<table class="gd-inline" id="gd-children"><thead><tr><th>id</th><th>machine</th><th>status</th>'
+            "<th>step</th><th>result / error</th></tr></thead><tbody>{}</tbody></table>{}",
+            body, _more(total - len(rows), url, "children"))
+
+    # --- actions -------------------------------------------------------------------------
+    def get_urls(self):
+        return [
+            path("act/<str:action>/", self.admin_site.admin_view(self.action_view), name="gen_durable_instance_act"),
+        ] + super().get_urls()
+
+    def _redirect_to_action(self, request, queryset, action):
+        ids = list(queryset.order_by("-id").values_list("id", flat=True)[: MAX_ACTION_ROWS + 1])
+        if len(ids) > MAX_ACTION_ROWS:
+            self.message_user(request, f"Select at most {MAX_ACTION_ROWS} instances for one action "
+                                       "(narrow the list with a filter).", messages.ERROR)
+            return None
+        url = reverse("admin:gen_durable_instance_act", args=[action])
+        return HttpResponseRedirect(url + "?" + urlencode({"ids": ",".join(map(str, ids)),
+                                                           "next": request.get_full_path()}))
+
+    @admin.action(description="Cancel selected instances…", permissions=["change"])
+    def cancel_selected(self, request, queryset):
+        return self._redirect_to_action(request, queryset, "cancel")
+
+    @admin.action(description="Retry selected instances now…", permissions=["change"])
+    def retry_selected(self, request, queryset):
+        return self._redirect_to_action(request, queryset, "retry")
+
+    @admin.action(description="Deliver a signal to selected instances…", permissions=["change"])
+    def signal_selected(self, request, queryset):
+        return self._redirect_to_action(request, queryset, "signal")
+
+    def action_view(self, request, action):
+        """Confirmation page (GET) and execution (POST) of one action on ?ids=1,2,3."""
+        spec = ACTIONS.get(action)
+        if spec is None:
+            from django.http import Http404
+
+            raise Http404(f"no action {action!r}")
+        if not self.has_change_permission(request):
+            raise PermissionDenied
+        raw = request.POST.get("ids") if request.method == "POST" else request.GET.get("ids", "")
+        ids = []
+        for part in (raw or "").split(","):
+            id_ = _exact_id(part)
+            if id_ is not None and id_ not in ids:
+                ids.append(id_)
+        ids = ids[:MAX_ACTION_ROWS]
+        back = request.POST.get("next") or request.GET.get("next") or ""
+        if not back.startswith("/"):
+            back = reverse("admin:gen_durable_instance_changelist")
+        form = spec["form"](request.POST if request.method == "POST" else None)
+        if request.method == "POST" and ids and form.is_valid():
+            self._apply(request, action, ids, form.cleaned_data)
+            return HttpResponseRedirect(back)
+        targets = list(Instance.objects.using(database_alias()).filter(id__in=ids)
+                       .only("id", "fsm", "step", "status", "queue").order_by("-id"))
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta, "title": f"{spec['title']}: {len(ids)} instance{'s' if len(ids) != 1 else ''}",
+            "action": action, "spec": spec, "form": form, "targets": targets,
+            "missing": sorted(set(ids) - {t.id for t in targets}), "ids": ",".join(map(str, ids)), "next": back,
+        }
+        return TemplateResponse(request, "admin/gen_durable/instance/action_confirm.html", context)
+
+    def _apply(self, request, action, ids, data):
+        done, skipped = [], []
+        for id_ in ids:
+            try:
+                if action == "cancel":
+                    calls.cancel(id_, data["reason"])
+                elif action == "retry":
+                    calls.retry(id_)
+                else:
+                    if calls.signal(id_, data["name"], data["payload"], dedup_key=data["dedup_key"] or None) is None:
+                        skipped.append(f"#{id_} (dedup key already delivered)")
+                        continue
+                done.append(id_)
+            except NoTarget:
+                skipped.append(f"#{id_} (missing or already finished)")
+            except NotRetryable as exc:
+                skipped.append(f"#{id_} ({exc.status})")
+            except DuplicateInstance:
+                skipped.append(f"#{id_} (its correlation key is held by another live instance)")
+            except GenDurableError as exc:
+                skipped.append(f"#{id_} ({exc})")
+        what = {"cancel": "Cancelled", "retry": "Retried", "signal": "Delivered the signal to"}[action]
+        if done:
+            extra = f" signal {data['name']!r}" if action == "signal" else ""
+            shown = ", ".join(f"#{i}" for i in done[:20]) + (" …" if len(done) > 20 else "")
+            self.message_user(request, f"{what}{extra}: {len(done)} instance{'s' if len(done) != 1 else ''} ({shown}).",
+                              messages.SUCCESS)
+        if skipped:
+            self.message_user(request, f"Skipped {len(skipped)}: " + "; ".join(skipped[:20])
+                              + (" …" if len(skipped) > 20 else ""), messages.WARNING)
+
+
+def _more(n, url, what):
+    if n <= 0:
+        return ""
+    return format_html('<p class="gd-more">{} more {} — <a href="{}">see all</a></p>', f"{n:,}", what, url)
+
+
+@admin.register(Signal)
+class SignalAdmin(admin.ModelAdmin):
+    list_display = ("id", "target_link", "name", "dedup_key", "payload_short", "inserted_at")
+    search_fields = ("=target__id",)
+    search_help_text = "A target instance id (its whole inbox), or name:<signal name> with ?target=<id>."
+    ordering = ("-id",)
+    sortable_by = ("id",)
+    show_full_result_count = False
+    paginator = EstimatedCountPaginator
+    list_per_page = 100
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).using(database_alias())
+
+    def lookup_allowed(self, lookup, value, request=None):
+        # gen_durable_signals_target (target_id, name) serves both.
+        return lookup in ("target", "target__id__exact", "name") or super().lookup_allowed(lookup, value, request)
+
+    def get_search_results(self, request, queryset, search_term):
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        if term.startswith("name:"):
+            return queryset.filter(name=term[5:].strip()), False
+        id_ = _exact_id(term)
+        return (queryset.filter(target_id=id_) if id_ is not None else queryset.none()), False
+
+    @admin.display(description="target")
+    def target_link(self, obj):
+        url = reverse("admin:gen_durable_instance_change", args=[obj.target_id])
+        return format_html('<a href="{}">#{}</a>', url, obj.target_id)
+
+    @admin.display(description="payload")
+    def payload_short(self, obj):
+        text = json.dumps(obj.payload, cls=DjangoJSONEncoder, ensure_ascii=False)
+        return text if len(text) <= 120 else text[:120] + "…"
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """The limiter's tables: the limiter owns every write."""
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).using(database_alias())
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(BucketConfig)
+class BucketConfigAdmin(ReadOnlyAdmin):
+    list_display = ("kind", "name", "rate", "capacity", "shards", "updated_at")
+    list_filter = ("kind",)
+    ordering = ("kind", "name")
+
+
+@admin.register(Bucket)
+class BucketAdmin(ReadOnlyAdmin):
+    list_display = ("kind", "key", "shard", "capacity", "available", "last_refill")
+    list_filter = ("kind",)
+    ordering = ("kind", "key", "shard")
+    show_full_result_count = False
+    paginator = EstimatedCountPaginator
+
+
+@admin.register(QueueOverview)
+class QueueOverviewAdmin(admin.ModelAdmin):
+    """The overview page (linked from the admin index as "Queue overview")."""
+
+    def has_view_permission(self, request, obj=None):
+        return request.user.has_perm("gen_durable.view_instance") or request.user.has_perm(
+            "gen_durable.change_instance")
+
+    def has_module_permission(self, request):
+        return self.has_view_permission(request)
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def get_urls(self):
+        return [
+            path("", self.admin_site.admin_view(self.overview_view), name="gen_durable_queueoverview_changelist"),
+            path("pause/", self.admin_site.admin_view(self.pause_view), name="gen_durable_queueoverview_pause"),
+        ]
+
+    def can_pause(self, request):
+        return request.user.has_perm("gen_durable.change_instance")
+
+    def overview_view(self, request):
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta, "title": "Queue overview",
+            "sections": overview.build(database_alias()), "can_pause": self.can_pause(request),
+        }
+        return TemplateResponse(request, "admin/gen_durable/overview/page.html", context)
+
+    def pause_view(self, request):
+        """POST queue=<name>&op=pause|resume (change permission on instances)."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not self.can_pause(request):
+            raise PermissionDenied
+        queue, op = request.POST.get("queue", ""), request.POST.get("op")
+        try:
+            if op == "pause":
+                changed = calls.pause_queue(queue)
+                self.message_user(request, f"Queue {queue!r} paused: workers stop claiming from it within about "
+                                           "a second." if changed else f"Queue {queue!r} was already paused.",
+                                  messages.SUCCESS if changed else messages.WARNING)
+            elif op == "resume":
+                changed = calls.resume_queue(queue)
+                self.message_user(request, f"Queue {queue!r} resumed." if changed
+                                  else f"Queue {queue!r} was not paused.",
+                                  messages.SUCCESS if changed else messages.WARNING)
+            else:
+                self.message_user(request, f"unknown operation {op!r}", messages.ERROR)
+        except GenDurableError as exc:
+            self.message_user(request, str(exc), messages.ERROR)
+        return HttpResponseRedirect(reverse("admin:gen_durable_queueoverview_changelist"))

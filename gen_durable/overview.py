@@ -1,0 +1,163 @@
+"""The admin's queue overview: one context builder per section.
+
+`SECTIONS` is the page, top to bottom: each entry is a function
+`build(using) -> dict | None` whose dict has a `template` (rendered with the dict as
+`section`) and a `title`. Add a section by appending a builder (or inserting one at a
+position); a builder returning None is skipped. Every query is bounded whatever the
+size of the table (docs/admin.md lists them with their plans):
+
+- queues: the configured queues, those with runnable rows (a loose index scan of
+  gen_durable_pick), those a live worker serves and the paused ones; per queue the
+  runnable and due rows (counted up to COUNT_CAP), the oldest due row's age, the
+  executing rows (gen_durable_lease) and the planner's estimates for the other statuses;
+- workers: the worker registry and the executing rows per claimant (`locked_by`);
+- completions: rows finished per minute over the last hour (gen_durable_gc, index only),
+  drawn as a server-rendered SVG bar chart.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from . import db, registry, sql
+from .conf import get_settings
+from .statuses import Status
+
+COUNT_CAP = 10_000
+CHART_MINUTES = 60
+ESTIMATED = ("awaiting_signal", "awaiting_children", "done", "failed")
+
+
+def configured_queues() -> list[str]:
+    """Queues named by settings QUEUES or by a registered machine (no database read)."""
+    names = set(get_settings().QUEUES)
+    names.update(cls.queue for cls in registry.all_machines().values() if getattr(cls, "queue", None))
+    return sorted(names)
+
+
+def queue_depth(queues, using=None) -> dict:
+    """queue -> (runnable ≤ COUNT_CAP, due ≤ COUNT_CAP, oldest due eligible_at | None, now)."""
+    if not queues:
+        return {}
+    rows = db.fetchall(sql.OVERVIEW_QUEUE_DEPTH, {"queues": list(queues), "cap": COUNT_CAP}, using)
+    return {r[0]: r[1:] for r in rows}
+
+
+def _estimates(using):
+    reltuples, analyzed, attnames, values, freqs = db.fetchone(sql.OVERVIEW_ESTIMATES, None, using)
+    out: dict = {}
+    if attnames and values:
+        qi, si = attnames.index("queue"), attnames.index("status")
+        for pair, freq in zip(values, freqs):
+            out[(pair[qi], pair[si])] = round(freq * max(reltuples, 0))
+    return out, analyzed
+
+
+def _count(n, estimated=False):
+    """A count cell: the number, and whether it is a lower bound or an estimate."""
+    if n is None:
+        return {"n": None, "text": "·", "estimated": estimated}
+    if not estimated and n >= COUNT_CAP:
+        return {"n": n, "text": f"{COUNT_CAP:,}+", "estimated": False}
+    return {"n": n, "text": ("≈ " if estimated else "") + f"{n:,}", "estimated": estimated}
+
+
+def live_workers(using=None) -> list[dict]:
+    live = get_settings().LEASE_TTL
+    rows = db.fetchall(sql.OVERVIEW_WORKERS, {"live": live}, using)
+    return [{"id": r[0], "host": r[1], "pid": r[2], "queues": list(r[3] or []), "started_at": r[4],
+             "last_seen": r[5], "live": r[6]} for r in rows]
+
+
+def queues_section(using=None) -> dict:
+    runnable_queues = [r[0] for r in db.fetchall(sql.OVERVIEW_RUNNABLE_QUEUES, None, using)]
+    paused = {r[0]: r[1] for r in db.fetchall(sql.PAUSED_QUEUES, None, using)}
+    workers = live_workers(using)
+    served: dict = {}
+    for w in workers:
+        if w["live"]:
+            for q in w["queues"]:
+                served[q] = served.get(q, 0) + 1
+    executing: dict = {}
+    for _locked_by, queue, n, _lease in db.fetchall(sql.OVERVIEW_EXECUTING, None, using):
+        executing[queue] = executing.get(queue, 0) + n
+    names = sorted(set(configured_queues()) | set(runnable_queues) | set(paused) | set(served) | set(executing))
+    depth = queue_depth(names, using)
+    estimates, analyzed = _estimates(using)
+    rows = []
+    for q in names:
+        runnable, due, oldest, now = depth.get(q, (0, 0, None, None))
+        age = max((now - oldest).total_seconds(), 0.0) if oldest is not None and oldest <= now else None
+        rows.append({
+            "queue": q,
+            "paused": q in paused, "paused_at": paused.get(q),
+            "workers": served.get(q, 0),
+            "unserved": runnable > 0 and not served.get(q),
+            "runnable": _count(runnable), "due": _count(due),
+            "oldest_age": age, "oldest_age_text": _age(age),
+            "executing": _count(executing.get(q, 0)),
+            "estimated": [_count(estimates.get((q, s), 0) if analyzed else None, estimated=True) for s in ESTIMATED],
+        })
+    return {
+        "template": "admin/gen_durable/overview/queues.html", "title": "Queues",
+        "rows": rows, "estimated_statuses": [Status(s).label for s in ESTIMATED],
+        "analyzed": analyzed, "cap": COUNT_CAP,
+        "unserved": [r for r in rows if r["unserved"]],
+    }
+
+
+def workers_section(using=None) -> dict:
+    workers = live_workers(using)
+    by_token = {w["id"]: w for w in workers}
+    claims = []
+    for locked_by, queue, n, lease in db.fetchall(sql.OVERVIEW_EXECUTING, None, using):
+        token = (locked_by or "").rsplit(":", 1)[-1]
+        claims.append({"locked_by": locked_by, "queue": queue, "count": n, "lease_min": lease,
+                       "worker": by_token.get(token)})
+    return {"template": "admin/gen_durable/overview/workers.html", "title": "Workers",
+            "workers": workers, "claims": claims}
+
+
+def completions_section(using=None) -> dict:
+    rows = db.fetchall(sql.OVERVIEW_COMPLETIONS, {"minutes": CHART_MINUTES}, using)
+    now_row = db.fetchone("SELECT date_trunc('minute', now())", None, using)
+    end = now_row[0]
+    counts = {m: n for m, n in rows}
+    minutes = [end - dt.timedelta(minutes=CHART_MINUTES - 1 - i) for i in range(CHART_MINUTES)]
+    series = [counts.get(m, 0) for m in minutes]
+    return {"template": "admin/gen_durable/overview/completions.html", "title": "Completions per minute (last hour)",
+            "chart": bar_chart(series, minutes), "total": sum(series)}
+
+
+def bar_chart(series, minutes, width=600, height=120, pad=30) -> dict:
+    """Geometry of an SVG bar chart of `series` (one bar per minute); no JavaScript."""
+    top = max(series) if series else 0
+    scale = (height - 10) / top if top else 0
+    bar_w = (width - pad) / max(len(series), 1)
+    bars = []
+    for i, (n, minute) in enumerate(zip(series, minutes)):
+        h = n * scale
+        bars.append({"x": round(pad + i * bar_w, 2), "y": round(height - h, 2), "w": round(max(bar_w - 1, 1), 2),
+                     "h": round(h, 2), "n": n, "label": minute.strftime("%H:%M")})
+    return {"width": width, "height": height + 20, "plot_h": height, "pad": pad, "bars": bars, "max": top,
+            "first": minutes[0].strftime("%H:%M") if minutes else "", "last": minutes[-1].strftime("%H:%M") if minutes else ""}
+
+
+def _age(seconds):
+    if seconds is None:
+        return "—"
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} d"
+
+
+SECTIONS = [queues_section, workers_section, completions_section]
+
+
+def build(using=None) -> list[dict]:
+    """Every section's context, in page order."""
+    return [s for s in (builder(using) for builder in SECTIONS) if s is not None]
