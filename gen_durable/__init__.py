@@ -15,6 +15,7 @@ from .exceptions import (
     NoTarget,
     NotRetryable,
     SerializationError,
+    StepTimeout,
     UnknownMachine,
 )
 from .machine import Context, Job, Machine, job, step
@@ -24,7 +25,7 @@ from .outcomes import Await, Cancel, Child, Done, Error, Next, Retry, ScheduleCh
 __all__ = [
     "Await", "Cancel", "Child", "Context", "Done", "DuplicateInstance", "Error", "GenDurableError",
     "InvalidInput", "InvalidOutcome", "Job", "Machine", "Next", "NoTarget", "NotRetryable", "Retry",
-    "ScheduleChildren", "SerializationError", "Spec", "Stop", "UnknownMachine",
+    "ScheduleChildren", "SerializationError", "Spec", "StepTimeout", "Stop", "UnknownMachine",
     "Result", "Snapshot", "aawait_result", "acancel", "aget", "ainsert", "ainsert_all", "asignal",
     "await_result", "cancel", "get", "insert", "insert_all", "job", "signal", "step",
     "apause_queue", "apaused_queues", "aresume_queue", "aretry", "pause_queue", "paused_queues",

@@ -150,6 +150,17 @@ def check_inline(app_configs=None, **kwargs):
 
 
 @register(Tags.compatibility)
+def check_max_step_seconds(app_configs=None, **kwargs):
+    """E020: MAX_STEP_SECONDS is seconds > 0, or None (no default step timeout)."""
+    value = get_settings().MAX_STEP_SECONDS
+    if value is None or _num(value, positive=True):
+        return []
+    return [Error(f"GEN_DURABLE['MAX_STEP_SECONDS'] must be a number of seconds > 0 or None, got {value!r}.",
+                  hint="The time budget of a step that sets no timeout of its own; past it the step is "
+                       "abandoned as a StepTimeout (docs/guide.md \"Time\").", id=ID + "E020")]
+
+
+@register(Tags.compatibility)
 def check_notify_and_limiter(app_configs=None, **kwargs):
     """E005: NOTIFY is "postgres" or "none"; E006: LIMITER shape."""
     s = get_settings()

@@ -35,6 +35,9 @@ DEFAULTS: dict[str, Any] = {
     # An inline chain (steps continuing in the same worker) yields back to the pick after
     # MAX_STEPS steps or MAX_SECONDS seconds, whichever comes first.
     "INLINE": {"MAX_STEPS": 100, "MAX_SECONDS": 10},
+    # Seconds a step may run when it sets no timeout of its own (None: unbounded);
+    # past it the step is abandoned as a StepTimeout (docs/guide.md "Time").
+    "MAX_STEP_SECONDS": 3600,
     # Not in SPEC §2's table: the largest encoded state/result/payload accepted (§9).
     "MAX_PAYLOAD_BYTES": 1_048_576,
 }
@@ -62,6 +65,7 @@ class Settings:
     GC: Any
     DRAIN_TIMEOUT: float
     INLINE: dict
+    MAX_STEP_SECONDS: Any
     MAX_PAYLOAD_BYTES: int
     unknown: tuple = field(default=())
 

@@ -63,3 +63,15 @@ class NotRetryable(GenDurableError):
             "awaiting_children": "it waits for its children (retry or cancel those instead)",
         }.get(status, f"its status is {status}")
         super().__init__(f"cannot retry gen_durable instance {target!r}: {why}")
+
+
+class StepTimeout(GenDurableError, TimeoutError):
+    """A step ran past its timeout and was abandoned; `handle()` receives this.
+
+    Attributes: `step` (str), `timeout` (seconds allowed), `elapsed` (seconds it had run).
+    The step's thread cannot be killed: whatever it returns later is dropped.
+    """
+
+    def __init__(self, step, timeout, elapsed):
+        self.step, self.timeout, self.elapsed = step, timeout, elapsed
+        super().__init__(f"step {step!r} ran past its timeout of {timeout:g}s (abandoned after {elapsed:.1f}s)")

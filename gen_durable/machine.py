@@ -20,10 +20,31 @@ from .outcomes import Cancel, Done, Error, Retry, Stop
 MAX_BACKOFF = 300.0  # seconds: the default backoff's cap (SPEC §1 Jobs)
 
 
-def step(fn):
-    """Mark a method `fn(self, ctx) -> outcome` as a step named after the method."""
-    fn._gd_step = True
-    return fn
+def check_timeout(value, what):
+    """`value` as seconds > 0, or None; raise InvalidInput otherwise."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or value != value:
+        raise InvalidInput(f"{what} must be a number of seconds > 0 (or None), got {value!r}")
+    return float(value)
+
+
+def step(fn=None, *, timeout=None):
+    """Mark a method `fn(self, ctx) -> outcome` as a step named after the method.
+
+    `@gd.step` or `@gd.step(timeout=30)`: timeout is seconds (> 0) the step may run before
+    it is abandoned and the instance goes to `handle()` with `gd.StepTimeout`; None (the
+    default) applies GEN_DURABLE["MAX_STEP_SECONDS"] (docs/guide.md "Time"). Raises
+    InvalidInput for a timeout that is not a positive number.
+    """
+    seconds = check_timeout(timeout, "@gd.step(timeout=)")
+
+    def mark(fn):
+        fn._gd_step = True
+        fn._gd_timeout = seconds
+        return fn
+
+    return mark(fn) if fn is not None else mark
 
 
 class Signal(NamedTuple):
@@ -82,6 +103,7 @@ class Machine:
     inline_execution: ClassVar[bool] = False
     State: ClassVar[Any] = None
     steps: ClassVar[dict] = {}
+    timeouts: ClassVar[dict] = {}  # step name -> seconds or None (see @step)
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -97,6 +119,7 @@ class Machine:
         if not isinstance(cls.queue, str) or not cls.queue:
             raise InvalidInput(f"{cls.__qualname__}.queue must be a non-empty string")
         cls.steps = cls._collect_steps()
+        cls.timeouts = cls._collect_timeouts()
         if cls.initial not in cls.steps:
             raise InvalidInput(
                 f"{cls.__qualname__}.initial is {cls.initial!r} but its steps are {sorted(cls.steps)}; "
@@ -113,8 +136,14 @@ class Machine:
                     found[attr] = attr
         return found
 
+    @classmethod
+    def _collect_timeouts(cls) -> dict:
+        return {name: getattr(getattr(cls, attr), "_gd_timeout", None) for name, attr in cls.steps.items()}
+
     def handle(self, error: BaseException, ctx: Context):
-        """Turn an exception raised by a step into an outcome. Default: Stop(repr(error))."""
+        """Turn an exception raised by a step into an outcome. Default: Stop(repr(error)).
+
+        A step that ran past its timeout arrives here as `gd.StepTimeout`."""
         return Stop(repr(error))
 
     # Convenience: Checkout.insert(state=...) == gd.insert(Checkout, state=...)
@@ -136,12 +165,15 @@ class Job(Machine):
 
     Returning None or a value → done (value stored); raising or returning
     gd.Error(reason) → retried after `backoff(attempt)` seconds until `max_attempts`,
-    then failed; returning gd.Cancel(reason) → failed at once.
+    then failed; returning gd.Cancel(reason) → failed at once. `timeout` (seconds)
+    bounds one attempt: past it the attempt is abandoned as a `gd.StepTimeout` and
+    retried like any other error.
     """
 
     abstract: ClassVar[bool] = True
     initial: ClassVar[str] = "perform"
     max_attempts: ClassVar[int] = 20
+    timeout: ClassVar[float | None] = None  # seconds perform may run (None: MAX_STEP_SECONDS)
 
     def __init_subclass__(cls, **kwargs):
         if not cls.__dict__.get("abstract", False):
@@ -151,6 +183,7 @@ class Job(Machine):
             if (not isinstance(cls.max_attempts, int) or isinstance(cls.max_attempts, bool)
                     or cls.max_attempts < 1):
                 raise InvalidInput(f"{cls.__qualname__}.max_attempts must be an int >= 1")
+            cls.timeout = check_timeout(cls.timeout, f"{cls.__qualname__}.timeout")
             extra = sorted(a for k in cls.__mro__ if k not in (Job, Machine, object)
                            for a, v in vars(k).items() if getattr(v, "_gd_step", False))
             if extra:  # never both perform and steps (behaviours JOB-01): they would never run
@@ -193,6 +226,10 @@ class Job(Machine):
         # The one step is stored as "perform" and runs run_perform.
         return {"perform": "run_perform"}
 
+    @classmethod
+    def _collect_timeouts(cls) -> dict:
+        return {"perform": cls.timeout}
+
 
 def jittered(delay: float) -> float:
     """Spread retries: a uniform draw from [0.75 × delay, delay] (SPEC §4.14)."""
@@ -201,10 +238,11 @@ def jittered(delay: float) -> float:
 
 
 def job(fn=None, *, queue: str = "default", max_attempts: int = 20, name: str | None = None, version: int = 1,
-        backoff=None):
+        backoff=None, timeout=None):
     """Make a Job from a function `fn(args)` or `fn(args, ctx)`; returns the Job class.
 
     backoff: optional `f(attempt) -> seconds` replacing the default min(2**attempt, 300).
+    timeout: seconds one attempt may run (see `Job.timeout`); None: MAX_STEP_SECONDS.
 
     Usage: `@gd.job(queue="email")` above `def send(args): ...`, then
     `gd.insert(send, args={...})` or `send.insert(args={...})`.
@@ -226,6 +264,7 @@ def job(fn=None, *, queue: str = "default", max_attempts: int = 20, name: str | 
             "__qualname__": fn.__qualname__,
             "__doc__": fn.__doc__,
             "func": staticmethod(fn),
+            "timeout": timeout,
         }
         if backoff is not None:
             attrs["backoff"] = lambda self, attempt: backoff(attempt)

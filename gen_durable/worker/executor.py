@@ -18,7 +18,7 @@ from .. import registry, telemetry
 from ..calls import Row, build_row
 from ..codec import clean_text, encode, encode_state, load_typed, loads
 from ..conf import get_settings
-from ..exceptions import InvalidOutcome, UnknownMachine
+from ..exceptions import InvalidOutcome, StepTimeout, UnknownMachine
 from ..machine import Context
 from ..outcomes import KEEP, Await, Done, Next, Retry, ScheduleChildren, Stop
 from .claims import Claimed, enrich
@@ -106,17 +106,74 @@ def _run(cls, job: Claimed, inline: bool = False) -> Entry:
     except BaseException as error:
         # Any exception, SystemExit included (a step thread is not the main thread, so
         # nothing else would stop): handle() sees no inputs, and its outcome consumes
-        # none (behaviours OUT-08). An unbounded lease/re-run loop is the alternative.
-        hctx = dataclasses.replace(ctx, awaited=[], all=[], children=[])
-        try:
-            outcome = machine.handle(error, hctx)
-            entry = to_entry(outcome, cls, job, consumed=(), presented=(), inline=inline)
-        except BaseException as handle_error:
-            return stop_entry(job, f"handle() failed: {error_text(handle_error)} "
-                                   f"(while handling {error_text(error)})")
-        if entry.kind in ("retry", "stop") and entry.error is None:
-            entry.error = error_text(error)
-        return entry
+        # none. An unbounded lease/re-run loop is the alternative.
+        return _handled(machine, cls, job, ctx, error, inline)
+
+
+def _handled(machine, cls, job: Claimed, ctx: Context, error: BaseException, inline: bool = False) -> Entry:
+    """The entry of `machine.handle(error, ctx)` (inputs hidden); a failing handle() stops."""
+    hctx = dataclasses.replace(ctx, awaited=[], all=[], children=[])
+    try:
+        outcome = machine.handle(error, hctx)
+        entry = to_entry(outcome, cls, job, consumed=(), presented=(), inline=inline)
+    except BaseException as handle_error:
+        return stop_entry(job, f"handle() failed: {error_text(handle_error)} "
+                               f"(while handling {error_text(error)})")
+    if entry.kind in ("retry", "stop") and entry.error is None:
+        entry.error = error_text(error)
+    return entry
+
+
+# --- step timeouts ----------------------------------------------------------------
+# The one place that decides a step's time budget and what a timeout turns into; the
+# thread scheduler calls it, and so can any other runner of steps (async ones too).
+
+def step_timeout(cls, step: str) -> float | None:
+    """Seconds `step` of machine `cls` may run: its own timeout (`@gd.step(timeout=)`,
+    `Job.timeout`), else GEN_DURABLE["MAX_STEP_SECONDS"]; None means unbounded."""
+    own = cls.timeouts.get(step) if cls is not None else None
+    return own if own is not None else get_settings().MAX_STEP_SECONDS
+
+
+def job_timeout(job: Claimed) -> float | None:
+    """`step_timeout` of a claimed row's current step (an unregistered machine: the default)."""
+    try:
+        cls = registry.get(job.fsm, job.fsm_version)
+    except UnknownMachine:
+        cls = None
+    return step_timeout(cls, job.step)
+
+
+def past_deadline(started: float, timeout: float | None, now: float) -> bool:
+    """Whether a step that started at `started` (time.monotonic()) with `timeout`
+    seconds is past its deadline at `now`."""
+    return timeout is not None and now - started >= timeout
+
+
+def execute_timeout(job: Claimed, timeout: float, elapsed: float) -> Entry:
+    """The outcome of `job`'s step abandoned past `timeout`: `handle(gd.StepTimeout)`.
+
+    Runs handle() like any step error (a Job retries by its backoff until max_attempts;
+    a Machine's default handle stops the instance). Never raises Exception.
+    """
+    error = StepTimeout(job.step, timeout, elapsed)
+    telemetry.emit("step.timeout", {"count": 1, "elapsed": elapsed},
+                   {"id": job.id, "fsm": job.fsm, "step": job.step, "timeout": timeout})
+    try:
+        cls = registry.get(job.fsm, job.fsm_version)
+    except UnknownMachine as exc:
+        return stop_entry(job, str(exc))
+    machine = cls()
+    # The committed state: the abandoned thread may still be mutating job.state.
+    state = loads(job.raw_state) if job.raw_state is not None else job.state
+    ctx = Context(id=job.id, step=job.step, state=state, attempt=job.attempt, queue=job.queue,
+                  correlation_key=job.correlation_key, machine=machine)
+    try:
+        if cls.State is not None:
+            ctx.state = load_typed(cls.State, state)
+    except BaseException as exc:
+        return stop_entry(job, f"{error_text(error)}; its state no longer decodes: {error_text(exc)}")
+    return _handled(machine, cls, job, ctx, error)
 
 
 def _state(value, cls, job, what="state") -> str | None:
@@ -212,4 +269,5 @@ def requeue_entry(job: Claimed) -> Entry:
                  weight=float(job.weight), fsm=job.fsm, from_step=job.step, queue=job.queue, slot=job.slot)
 
 
-__all__ = ["Entry", "Row", "continuation", "execute", "requeue_entry", "to_entry"]
+__all__ = ["Entry", "Row", "continuation", "execute", "execute_timeout", "job_timeout", "past_deadline",
+           "requeue_entry", "step_timeout", "to_entry"]

@@ -22,12 +22,40 @@ from django.db import close_old_connections
 
 from .. import db, sql, telemetry
 from .claims import pick, reclaim, release
-from .executor import continuation, execute, requeue_entry
+from .executor import (continuation, execute, execute_timeout, job_timeout, past_deadline, requeue_entry,
+                       stop_entry)
 
 logger = logging.getLogger("gen_durable.scheduler")
 
 RELEASE_ATTEMPTS = 5  # shutdown release passes over rows locked for a moment; retry them
 PAUSE_CHECK_INTERVAL = 1.0  # seconds: how stale this scheduler's view of a queue pause may be
+
+
+class Abandoned(Exception):
+    """Raised in a step thread whose step was abandoned past its timeout: the thread exits."""
+
+
+class Run:
+    """One step thread's current step: when it started and its time budget (seconds)."""
+
+    __slots__ = ("job", "started", "timeout", "active", "abandoned", "handling")
+
+    def __init__(self, job, handling=False):
+        self.job, self.handling = job, handling
+        self.started, self.timeout, self.active, self.abandoned = 0.0, None, False, False
+
+
+class TimedOut:
+    """A buffered task: run handle(StepTimeout) for a row whose step was abandoned."""
+
+    __slots__ = ("job", "timeout", "elapsed")
+
+    def __init__(self, job, timeout, elapsed):
+        self.job, self.timeout, self.elapsed = job, timeout, elapsed
+
+    @property
+    def id(self):
+        return self.job.id
 
 
 class Scheduler:
@@ -51,6 +79,9 @@ class Scheduler:
         self.in_flight: dict = {}  # id -> job: taken by a step thread, outcome not yet committed
         self.running = 0
         self.completed = 0
+        self._runs: dict = {}  # step thread -> its Run (step timeouts)
+        self.stuck = 0  # threads still running a step abandoned past its timeout
+        self.timed_out = 0  # steps abandoned past their timeout, in total
         self._tuned = None
         self._paused = False
         self._paused_read = float("-inf")
@@ -76,7 +107,9 @@ class Scheduler:
         self._wake.set()
         self._thread.join(5)
         with self._lock:
-            buffered, self.buffer = list(self.buffer), deque()
+            # Timed-out rows stay: a step thread runs their handle() before it exits.
+            buffered = [j for j in self.buffer if not isinstance(j, TimedOut)]
+            self.buffer = deque(j for j in self.buffer if isinstance(j, TimedOut))
         ids, released = [j.id for j in buffered], []
         for _ in range(RELEASE_ATTEMPTS):
             try:
@@ -101,8 +134,13 @@ class Scheduler:
 
     # --- state ------------------------------------------------------------------
     def held_ids(self) -> list[int]:
+        """Rows to heartbeat: buffered and in flight, less steps running past their
+        timeout — a hung step's lease is never renewed past it, whatever else fails."""
+        now = time.monotonic()
         with self._lock:
-            return [j.id for j in self.buffer] + list(self.in_flight)
+            over = {r.job.id for r in self._runs.values()
+                    if r.active and past_deadline(r.started, r.timeout, now)}
+            return sorted(({j.id for j in self.buffer} | set(self.in_flight)) - over)
 
     def idle(self) -> bool:
         return not self.in_flight and not self.buffer
@@ -179,36 +217,119 @@ class Scheduler:
         return claimed
 
     def _step_loop(self):
-        """One step thread: take a buffered row, run its step, hand the outcome on."""
+        """One step thread: take a buffered row, run its step, hand the outcome on.
+
+        A thread whose step was abandoned past its timeout exits when the step finally
+        returns (a replacement thread took its place), dropping the late outcome.
+        """
         conn = db.connection(self.using)  # this thread's own Django connection object
+        me = threading.current_thread()
         while True:
             with self._lock:
                 while not self.buffer and not self._stop_steps:
                     self._lock.wait()
                 if not self.buffer:
+                    self._runs.pop(me, None)
                     return
                 job = self.buffer.popleft()
+                task = job if isinstance(job, TimedOut) else None
+                job = task.job if task else job
                 self.in_flight[job.id] = job
                 self.running += 1
+                run = self._runs[me] = Run(job, handling=task is not None)
                 if not self.buffer:
                     self._wake.set()  # the buffer ran dry: claim the next batch meanwhile
             self.flusher.step_started()
             submitted = False
             try:
-                self.run_chain(job)
+                if task is not None:
+                    entry = self._timed(run, job, lambda: execute_timeout(job, task.timeout, task.elapsed))
+                    self.flusher.submit(entry)
+                else:
+                    self.run_chain(job)
                 submitted = True
+            except Abandoned:
+                # Abandoned: its slot, flush count and row were handed on by `abandon_overdue`.
+                logger.warning("abandoned step %s#%s %s returned after %.1fs; its late outcome is dropped",
+                               job.fsm, job.id, job.step, time.monotonic() - run.started)
+                with self._lock:
+                    self.stuck -= 1
+                    self._runs.pop(me, None)
+                conn.close()
+                return
             except BaseException:
                 logger.exception("step thread failed on %s#%s; its lease will recover it", job.fsm, job.id)
             finally:
-                if not submitted:
+                if not submitted and not run.abandoned:
                     self.flusher.step_abandoned()
                     self.settle([job.id], completed=False)
-                with self._lock:
-                    self.running -= 1
+                if not run.abandoned:
+                    with self._lock:
+                        self.running -= 1
                 # Like a request boundary: drop a connection the step broke or that
                 # outlived CONN_MAX_AGE. Only threads whose steps touched the database.
-                if conn.connection is not None:
+                if conn.connection is not None and not run.abandoned:
                     close_old_connections()
+
+    def _timed(self, run, job, fn):
+        """Run `fn()` (one step of `job`) under its time budget; raise Abandoned when the
+        watchdog gave up on it meanwhile (its outcome must go nowhere)."""
+        with self._lock:
+            run.job, run.started, run.active = job, time.monotonic(), True
+            run.timeout = job_timeout(job)
+        try:
+            return fn()
+        finally:
+            with self._lock:
+                run.active = False
+                abandoned = run.abandoned
+            if abandoned:
+                raise Abandoned()
+
+    # --- step timeouts ------------------------------------------------------------
+    def next_step_deadline(self, now: float) -> float | None:
+        """Seconds until the earliest running step reaches its timeout (None: none)."""
+        with self._lock:
+            left = [r.started + r.timeout - now for r in self._runs.values() if r.active and r.timeout is not None]
+        return max(min(left), 0.0) if left else None
+
+    def abandon_overdue(self, now: float | None = None) -> int:
+        """Give up on every step past its timeout; return how many.
+
+        Python cannot stop a thread, so the thread is left to finish and its outcome is
+        dropped (`_timed`). Its row is handed to a fresh step thread (which runs
+        handle(StepTimeout) and commits that), and a replacement thread keeps the
+        queue's concurrency; the stuck thread is counted in `self.stuck` until it returns.
+        An abandoned handle(StepTimeout) itself stops the instance without a third try.
+        """
+        now = time.monotonic() if now is None else now
+        stops = []
+        with self._lock:
+            overdue = [r for r in self._runs.values() if r.active and not r.abandoned
+                       and past_deadline(r.started, r.timeout, now)]
+            for r in overdue:
+                r.abandoned = True
+                self.running -= 1
+                self.stuck += 1
+                self.timed_out += 1
+                if r.handling:
+                    stops.append(stop_entry(r.job, f"handle() did not return within the step timeout of "
+                                                   f"{r.timeout:g}s after StepTimeout"))
+                else:
+                    self.buffer.appendleft(TimedOut(r.job, r.timeout, now - r.started))
+                    self._lock.notify()
+                t = threading.Thread(target=self._step_loop, name=f"gd-step-{self.queue}-r{self.timed_out}",
+                                     daemon=True)
+                self._steps.append(t)
+                t.start()
+        for r in overdue:
+            logger.warning("step %s#%s %s ran past its timeout of %gs: abandoned (%d stuck thread(s) on queue %s)",
+                           r.job.fsm, r.job.id, r.job.step, r.timeout, self.stuck, self.queue)
+            if not r.handling:
+                self.flusher.step_abandoned()  # the TimedOut task counts itself when it starts
+        for entry in stops:
+            self.flusher.submit(entry)  # balances the abandoned handle()'s step_started
+        return len(overdue)
 
     def run_chain(self, job) -> None:
         """Run `job`'s step and hand its outcome to the flusher; continue inline while asked.
@@ -227,7 +348,9 @@ class Scheduler:
         while True:
             allowed = (steps < bound["MAX_STEPS"] and time.monotonic() - started < bound["MAX_SECONDS"]
                        and not self._stop.is_set())
-            entry = execute(job, inline=allowed)
+            run = self._runs.get(threading.current_thread())
+            entry = (execute(job, inline=allowed) if run is None  # not on a step thread (tests)
+                     else self._timed(run, job, lambda: execute(job, inline=allowed)))
             if entry.kind != "inline":
                 if entry.wanted_inline and entry.kind == "next":
                     reason = "key" if allowed else "stopping" if self._stop.is_set() else "bound"
@@ -293,6 +416,9 @@ class Scheduler:
                     interval = min(interval * 2, self.s.MAX_POLL_INTERVAL)
                 if self._paused:  # notice a resume within about a second
                     interval = min(interval, PAUSE_CHECK_INTERVAL)
-            self._wake.wait(interval)
+            # Sleep no later than the next running step's timeout; give up on overdue ones.
+            due = self.next_step_deadline(time.monotonic())
+            self._wake.wait(interval if due is None else min(interval, due + 0.001))
             self._wake.clear()
+            self.abandon_overdue()
         db.connection(self.using).close()
