@@ -185,7 +185,7 @@ class InstanceAdmin(admin.ModelAdmin):
             return HttpResponseNotAllowed(["GET"])  # nothing here is edited by a form
         extra_context = dict(extra_context or {}, show_save=False, show_save_and_continue=False,
                              show_save_and_add_another=False, show_delete=False,
-                             can_act=self.has_change_permission(request),
+                             can_act=self.has_change_permission(request) and object_id is not None,
                              title=f"Instance #{object_id}")
         return super().changeform_view(request, object_id, form_url, extra_context)
 

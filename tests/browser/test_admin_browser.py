@@ -1,0 +1,160 @@
+"""The admin in a real browser: headless Chromium driven by Selenium (docs/admin.md).
+
+Needs the Debian packages `chromium` and `chromium-driver` (.ci/run installs them) and
+`selenium` (the test extra). Every page visited is saved as a PNG in
+$GEN_DURABLE_SCREENSHOTS (default build/screenshots/); docs/img/admin/ holds copies.
+"""
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from django.contrib.auth.models import User
+from django.contrib.staticfiles.testing import StaticLiveServerTestCase
+
+import gen_durable as gd
+from gen_durable.models import Instance, Signal
+from gen_durable.testing import drain
+from tests.durable_app.durable import Plain
+from tests.durable_app.signal_machines import FanOut, Recorder
+
+webdriver = pytest.importorskip("selenium.webdriver")
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support import expected_conditions as EC  # noqa: E402
+from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+SHOTS = Path(os.environ.get("GEN_DURABLE_SCREENSHOTS", Path(__file__).resolve().parents[2] / "build" / "screenshots"))
+QUEUE = "browser_q"
+
+pytestmark = pytest.mark.skipif(not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)),
+                                reason="needs the Debian packages chromium and chromium-driver (.ci/run installs them)")
+
+
+class AdminInBrowser(StaticLiveServerTestCase):
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        options = webdriver.ChromeOptions()
+        options.binary_location = CHROMIUM
+        for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                    "--window-size=1400,1000"):
+            options.add_argument(arg)
+        cls.browser = webdriver.Chrome(service=webdriver.ChromeService(executable_path=CHROMEDRIVER), options=options)
+        cls.browser.implicitly_wait(5)
+        SHOTS.mkdir(parents=True, exist_ok=True)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.browser.quit()
+        super().tearDownClass()
+
+    def shot(self, name, height=1000):
+        self.browser.set_window_size(1400, height)
+        self.browser.save_screenshot(str(SHOTS / f"{name}.png"))
+        self.browser.set_window_size(1400, 1000)
+
+    def visit(self, path):
+        self.browser.get(self.live_server_url + path)
+
+    def wait_for(self, css):
+        return WebDriverWait(self.browser, 15).until(EC.presence_of_element_located((By.CSS_SELECTOR, css)))
+
+    def test_operator_journey(self):
+        User.objects.create_superuser("operator", "op@example.com", "s3cret-pass")
+        parked = gd.insert(Recorder, state={"names": ["go"]}, queue=QUEUE, correlation_key="order:42")
+        parent = gd.insert(FanOut, state={"kids": [{"i": 1}, {"i": 2, "fail": True}, {"i": 3}]}, queue=QUEUE)
+        victim = gd.insert(Plain, queue=QUEUE, schedule_in=3600, correlation_key="order:43")
+        drain(queue=QUEUE, with_scheduled=False)
+        gd.signal(parked, "unrelated", {"note": "waits in the inbox"})
+        assert Instance.objects.get(id=parked).status == "awaiting_signal"
+        b = self.browser
+
+        # log in
+        self.visit("/admin/")
+        self.wait_for("#id_username").send_keys("operator")
+        b.find_element(By.ID, "id_password").send_keys("s3cret-pass")
+        self.shot("01-login")
+        b.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+        self.wait_for("#content")
+        assert "Queue overview" in b.page_source
+        self.shot("02-index")
+
+        # filter by status
+        self.visit("/admin/gen_durable/instance/")
+        self.wait_for("#changelist")
+        b.find_element(By.LINK_TEXT, "Awaiting Signal").click()
+        self.wait_for("#result_list")
+        ids = [a.text for a in b.find_elements(By.CSS_SELECTOR, "#result_list th.field-id a")]
+        assert str(parked) in ids and str(victim) not in ids
+        self.shot("03-changelist-filtered")
+
+        # search a correlation key
+        self.visit("/admin/gen_durable/instance/")
+        box = self.wait_for("#searchbar")
+        box.send_keys("order:42")
+        box.submit()
+        self.wait_for("#result_list")
+        ids = [a.text for a in b.find_elements(By.CSS_SELECTOR, "#result_list th.field-id a")]
+        assert ids == [str(parked)]
+        self.shot("04-search")
+
+        # detail pages: inbox, children
+        b.find_element(By.LINK_TEXT, str(parked)).click()
+        self.wait_for("#gd-inbox")
+        assert "waits in the inbox" in b.find_element(By.ID, "gd-inbox").text
+        self.shot("05-detail-inbox", height=2300)
+        self.visit(f"/admin/gen_durable/instance/{parent}/change/")
+        children = self.wait_for("#gd-children").text
+        assert children.count("tests.children.Kid") == 3 and "kid 2 failed" in children
+        self.shot("06-detail-children", height=2300)
+
+        # deliver a signal (per row, with a confirmation page)
+        self.visit(f"/admin/gen_durable/instance/{parked}/change/")
+        self.wait_for("#gd-act-signal").click()
+        self.wait_for("#id_name").send_keys("go")
+        payload = b.find_element(By.ID, "id_payload")
+        payload.clear()
+        payload.send_keys('{"amount": 12}')
+        self.shot("07-signal-confirm")
+        b.find_element(By.ID, "gd-confirm").click()
+        self.wait_for("ul.messagelist")
+        assert "Delivered the signal" in b.find_element(By.CSS_SELECTOR, "ul.messagelist").text
+        self.shot("08-signal-done")
+        assert Instance.objects.get(id=parked).status == "runnable"
+        assert Signal.objects.filter(target_id=parked, name="go", payload={"amount": 12}).exists()
+
+        # cancel (bulk action from the list, with a confirmation page and a reason)
+        self.visit("/admin/gen_durable/instance/?q=order:43")
+        self.wait_for("#result_list")
+        b.find_element(By.CSS_SELECTOR, f"input.action-select[value='{victim}']").click()
+        Select(b.find_element(By.NAME, "action")).select_by_value("cancel_selected")
+        b.find_element(By.CSS_SELECTOR, "button[name=index], .actions button").click()
+        reason = self.wait_for("#id_reason")
+        reason.clear()
+        reason.send_keys("customer withdrew")
+        self.shot("09-cancel-confirm")
+        b.find_element(By.ID, "gd-confirm").click()
+        self.wait_for("ul.messagelist")
+        assert "Cancelled: 1 instance" in b.find_element(By.CSS_SELECTOR, "ul.messagelist").text
+        row = Instance.objects.get(id=victim)
+        assert (row.status, row.last_error) == ("failed", "customer withdrew")
+
+        # the overview, then pause and resume a queue from it
+        from django.db import connection
+
+        with connection.cursor() as cur:
+            cur.execute("ANALYZE gen_durable")  # the overview's estimates come from statistics
+        self.visit("/admin/gen_durable/queueoverview/")
+        self.wait_for("#gd-queues")
+        assert b.find_element(By.ID, "gd-completions").tag_name == "svg"
+        self.shot("10-overview")
+        b.find_element(By.CSS_SELECTOR, f"#gd-queue-{QUEUE} input.gd-pause").click()
+        self.wait_for("ul.messagelist")
+        assert QUEUE in gd.paused_queues()
+        self.shot("11-overview-paused")
+        b.find_element(By.CSS_SELECTOR, f"#gd-queue-{QUEUE} input.gd-resume").click()
+        self.wait_for("ul.messagelist")
+        assert QUEUE not in gd.paused_queues()
