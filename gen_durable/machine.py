@@ -205,6 +205,14 @@ class Job(Machine):
     @step
     def run_perform(self, ctx):
         value = self.perform(ctx.state, ctx) if self._perform_arity >= 3 else self.perform(ctx.state)
+        return self._outcome(value, ctx)
+
+    @step
+    async def arun_perform(self, ctx):
+        value = await (self.perform(ctx.state, ctx) if self._perform_arity >= 3 else self.perform(ctx.state))
+        return self._outcome(value, ctx)
+
+    def _outcome(self, value, ctx):
         if isinstance(value, Error):
             return self._retry_or_stop(value.reason, ctx)
         if isinstance(value, Cancel):
@@ -223,8 +231,9 @@ class Job(Machine):
 
     @classmethod
     def _collect_steps(cls) -> dict:
-        # The one step is stored as "perform" and runs run_perform.
-        return {"perform": "run_perform"}
+        # The one step is stored as "perform" and runs run_perform (arun_perform for an
+        # `async def perform`, on the worker's event loop).
+        return {"perform": "arun_perform" if inspect.iscoroutinefunction(cls.perform) else "run_perform"}
 
     @classmethod
     def _collect_timeouts(cls) -> dict:
@@ -251,8 +260,12 @@ def job(fn=None, *, queue: str = "default", max_attempts: int = 20, name: str | 
     def wrap(fn):
         arity = len(inspect.signature(fn).parameters)
 
-        def perform(self, args, ctx):
-            return fn(args, ctx) if arity >= 2 else fn(args)
+        if inspect.iscoroutinefunction(fn):
+            async def perform(self, args, ctx):
+                return await (fn(args, ctx) if arity >= 2 else fn(args))
+        else:
+            def perform(self, args, ctx):
+                return fn(args, ctx) if arity >= 2 else fn(args)
 
         attrs = {
             "queue": queue,

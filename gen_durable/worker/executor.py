@@ -9,23 +9,30 @@ data error reaches `handle()` instead of crashing the worker (behaviours OUT-10)
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import functools
+import inspect
 import logging
 import time
 from dataclasses import dataclass, field
+
+from asgiref.sync import sync_to_async
 
 from .. import registry, telemetry
 from ..calls import Row, build_row
 from ..codec import clean_text, encode, encode_state, load_typed, loads
 from ..conf import get_settings
 from ..exceptions import InvalidOutcome, StepTimeout, UnknownMachine
-from ..machine import Context
+from ..machine import Context, Job, Machine
 from ..outcomes import KEEP, Await, Done, Next, Retry, ScheduleChildren, Stop
+from . import aio
 from .claims import Claimed, enrich
 
 logger = logging.getLogger("gen_durable.executor")
 
 MAX_DELAY = 10 * 365 * 86400.0  # seconds; a retry delay is clamped here (SPEC §4.14)
+PURE_HANDLES = (Machine.handle, Job.handle)
 KINDS = ("next", "inline", "retry", "await", "schedule", "done", "stop")
 
 
@@ -80,23 +87,38 @@ def execute(job: Claimed, *, inline: bool = False) -> Entry:
     except UnknownMachine as exc:
         entry = stop_entry(job, str(exc))
     else:
-        entry = _run(cls, job, inline)
+        if _step_is_async(cls, job.step):  # outside the worker (drain()): on the loop, waited for
+            entry = aio.run(_arun(cls, job, inline))
+        else:
+            entry = _run(cls, job, inline)
     telemetry.emit("step.stop", {"duration": time.perf_counter() - started},
                    {"id": job.id, "fsm": job.fsm, "step": job.step, "kind": entry.kind})
     logger.debug("step %s#%s %s -> %s", job.fsm, job.id, job.step, entry.kind)
     return entry
 
 
-def _run(cls, job: Claimed, inline: bool = False) -> Entry:
+def _prepare(cls, job: Claimed):
+    """(method name, machine, ctx, awaited) of `job`'s step; method None if it has no such step."""
     method = cls.steps.get(job.step)
     if method is None:
-        return stop_entry(job, f"{cls.name} version {cls.version} has no step {job.step!r}")
+        return None, None, None, None
     machine = cls()
     names = set(job.awaits or ())
     awaited = [s for s in job.inbox if s.name in names]
     ctx = Context(id=job.id, step=job.step, state=job.state, attempt=job.attempt, awaited=awaited,
                   all=list(job.inbox), children=list(job.children), queue=job.queue,
                   correlation_key=job.correlation_key, machine=machine)
+    return method, machine, ctx, awaited
+
+
+def _no_step(cls, job):
+    return stop_entry(job, f"{cls.name} version {cls.version} has no step {job.step!r}")
+
+
+def _run(cls, job: Claimed, inline: bool = False) -> Entry:
+    method, machine, ctx, awaited = _prepare(cls, job)
+    if method is None:
+        return _no_step(cls, job)
     try:
         if cls.State is not None:
             ctx.state = load_typed(cls.State, job.state)
@@ -111,14 +133,76 @@ def _run(cls, job: Claimed, inline: bool = False) -> Entry:
 
 
 def _handled(machine, cls, job: Claimed, ctx: Context, error: BaseException, inline: bool = False) -> Entry:
-    """The entry of `machine.handle(error, ctx)` (inputs hidden); a failing handle() stops."""
+    """The entry of `machine.handle(error, ctx)` (inputs hidden); a failing handle() stops.
+
+    Called off the event loop; an `async def handle` is run on the loop and waited for.
+    """
     hctx = dataclasses.replace(ctx, awaited=[], all=[], children=[])
     try:
-        outcome = machine.handle(error, hctx)
+        if inspect.iscoroutinefunction(machine.handle):
+            outcome = aio.run(machine.handle(error, hctx))
+        else:
+            outcome = machine.handle(error, hctx)
         entry = to_entry(outcome, cls, job, consumed=(), presented=(), inline=inline)
     except BaseException as handle_error:
-        return stop_entry(job, f"handle() failed: {error_text(handle_error)} "
-                               f"(while handling {error_text(error)})")
+        return _handle_failed(job, error, handle_error)
+    return _with_error(entry, error)
+
+
+async def _arun(cls, job: Claimed, inline: bool = False) -> Entry:
+    """`_run` for an `async def` step, on the worker's event loop.
+
+    The step's time budget (`step_timeout`) is enforced by cancelling it
+    (`asyncio.timeout`); it then goes to handle() as `gd.StepTimeout`, as a sync step
+    abandoned past its timeout does. Any other asyncio.CancelledError is not an outcome:
+    the task was cancelled (shutdown), so it propagates and nothing is committed — the
+    lease brings the row back.
+    """
+    method, machine, ctx, awaited = _prepare(cls, job)
+    if method is None:
+        return _no_step(cls, job)
+    timeout = step_timeout(cls, job.step)
+    budget = None
+    started = time.monotonic()
+    try:
+        if cls.State is not None:
+            ctx.state = load_typed(cls.State, job.state)
+        async with asyncio.timeout(timeout) as budget:
+            outcome = await getattr(machine, method)(ctx)
+        return to_entry(outcome, cls, job, consumed=tuple(s.id for s in awaited),
+                        presented=tuple(s.id for s in awaited), inline=inline)
+    except asyncio.CancelledError:
+        raise
+    except BaseException as error:
+        if budget is not None and budget.expired():
+            elapsed = time.monotonic() - started
+            error = StepTimeout(job.step, timeout, elapsed)
+            telemetry.emit("step.timeout", {"count": 1, "elapsed": elapsed},
+                           {"id": job.id, "fsm": job.fsm, "step": job.step, "timeout": timeout})
+        hctx = dataclasses.replace(ctx, awaited=[], all=[], children=[])
+        try:
+            handle = machine.handle
+            if inspect.iscoroutinefunction(handle):
+                async with asyncio.timeout(timeout):
+                    outcome = await handle(error, hctx)
+            elif type(machine).handle in PURE_HANDLES:
+                outcome = handle(error, hctx)  # the built-in ones touch no database
+            else:  # a user's sync handle() may use the ORM: Django's rule is off the loop
+                outcome = await sync_to_async(handle)(error, hctx)
+            entry = to_entry(outcome, cls, job, consumed=(), presented=(), inline=inline)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as handle_error:
+            return _handle_failed(job, error, handle_error)
+        return _with_error(entry, error)
+
+
+def _handle_failed(job, error, handle_error) -> Entry:
+    return stop_entry(job, f"handle() failed: {error_text(handle_error)} "
+                           f"(while handling {error_text(error)})")
+
+
+def _with_error(entry: Entry, error) -> Entry:
     if entry.kind in ("retry", "stop") and entry.error is None:
         entry.error = error_text(error)
     return entry
@@ -174,6 +258,36 @@ def execute_timeout(job: Claimed, timeout: float, elapsed: float) -> Entry:
     except BaseException as exc:
         return stop_entry(job, f"{error_text(error)}; its state no longer decodes: {error_text(exc)}")
     return _handled(machine, cls, job, ctx, error)
+
+
+@functools.lru_cache(maxsize=1024)
+def _step_is_async(cls, step: str) -> bool:
+    method = cls.steps.get(step)
+    return method is not None and inspect.iscoroutinefunction(getattr(cls, method))
+
+
+def is_async(job: Claimed) -> bool:
+    """Whether `job`'s step is an `async def` (runs on the worker's event loop)."""
+    try:
+        cls = registry.get(job.fsm, job.fsm_version)
+    except UnknownMachine:
+        return False
+    return _step_is_async(cls, job.step)
+
+
+async def aexecute(job: Claimed, *, inline: bool = False) -> Entry:
+    """`execute` for an `async def` step; awaited on the worker's event loop."""
+    started = time.perf_counter()
+    try:
+        cls = registry.get(job.fsm, job.fsm_version)
+    except UnknownMachine as exc:
+        entry = stop_entry(job, str(exc))
+    else:
+        entry = await _arun(cls, job, inline)
+    telemetry.emit("step.stop", {"duration": time.perf_counter() - started},
+                   {"id": job.id, "fsm": job.fsm, "step": job.step, "kind": entry.kind})
+    logger.debug("step %s#%s %s -> %s", job.fsm, job.id, job.step, entry.kind)
+    return entry
 
 
 def _state(value, cls, job, what="state") -> str | None:
@@ -269,5 +383,5 @@ def requeue_entry(job: Claimed) -> Entry:
                  weight=float(job.weight), fsm=job.fsm, from_step=job.step, queue=job.queue, slot=job.slot)
 
 
-__all__ = ["Entry", "Row", "continuation", "execute", "execute_timeout", "job_timeout", "past_deadline",
-           "requeue_entry", "step_timeout", "to_entry"]
+__all__ = ["Entry", "Row", "aexecute", "continuation", "execute", "execute_timeout", "is_async", "job_timeout",
+           "past_deadline", "requeue_entry", "step_timeout", "to_entry"]

@@ -13,17 +13,21 @@ wakes it when it has room (behaviours SCH-01/02, PK-04).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
 from collections import deque
 
+from asgiref.sync import sync_to_async
 from django.db import close_old_connections
 
 from .. import db, sql, telemetry
 from .claims import pick, reclaim, release
-from .executor import (continuation, execute, execute_timeout, job_timeout, past_deadline, requeue_entry,
-                       stop_entry)
+from . import aio
+from .executor import (aexecute, continuation, execute, execute_timeout, is_async, job_timeout, past_deadline,
+                       requeue_entry, stop_entry)
+from .flusher import COMMIT_TIMEOUT
 
 logger = logging.getLogger("gen_durable.scheduler")
 
@@ -86,13 +90,13 @@ class Scheduler:
         self._paused = False
         self._paused_read = float("-inf")
         self._thread = threading.Thread(target=self._loop, name=f"gd-sched-{queue}", daemon=True)
-        self._steps = [threading.Thread(target=self._step_loop, name=f"gd-step-{queue}-{i}", daemon=True)
-                       for i in range(concurrency)]
+        self._steps: list[threading.Thread] = []  # sync step threads, started as sync rows need them
+        self._threads = 0  # of them, alive and not stuck on an abandoned step
+        self._idle_threads = 0
+        self._tasks: dict = {}  # id -> concurrent Future of an async step's task
 
     # --- control -------------------------------------------------------------
     def start(self):
-        for t in self._steps:
-            t.start()
         self._thread.start()
         return self
 
@@ -130,6 +134,9 @@ class Scheduler:
         with self._lock:
             self._stop_steps = True
             self._lock.notify_all()
+            tasks = list(self._tasks.values())
+        for task in tasks:  # async steps past the drain: cancelled, nothing commits (the lease recovers them)
+            task.cancel()
         return {"released": len(released), "in_flight": in_flight}
 
     # --- state ------------------------------------------------------------------
@@ -208,34 +215,108 @@ class Scheduler:
                                          "duration": time.perf_counter() - started},
                            {"queue": self.queue, "worker": self.worker_id})
             if jobs:
+                for job in jobs:
+                    job.is_async = is_async(job)
                 with self._lock:
                     self.buffer.extend(jobs)
-                    self._lock.notify(len(jobs))
+                    self._dispatch_locked()
         telemetry.emit("scheduler.saturation", {"in_flight": len(self.in_flight), "buffer": len(self.buffer),
                                                 "concurrency": self.concurrency, "prefetch": self.prefetch},
                        {"queue": self.queue})
         return claimed
 
+    def _dispatch_locked(self):
+        """Start what may start now (called with the lock held, whenever rows or slots change).
+
+        A step takes a slot (`running`) when it starts; at most `concurrency` run at
+        once. An `async def` step starts at once as a task on the worker's event loop —
+        no thread. A sync step is taken by a step thread; threads are started only as
+        sync rows need them (up to `concurrency`), so a queue of async steps with a high
+        concurrency runs on a handful of threads.
+        """
+        if not self.buffer or self._stop_steps:
+            return
+        free = self.concurrency - self.running
+        if free <= 0:
+            return
+        if any(getattr(j, "is_async", False) for j in self.buffer):
+            keep = deque()
+            for job in self.buffer:
+                if free > 0 and getattr(job, "is_async", False):
+                    self._start_async(job)
+                    free -= 1
+                else:
+                    keep.append(job)
+            self.buffer = keep
+        sync = min(len(self.buffer), free)
+        if sync:
+            spawn = min(sync - self._idle_threads, self.concurrency - self._threads)
+            for _ in range(max(spawn, 0)):
+                t = threading.Thread(target=self._step_loop, name=f"gd-step-{self.queue}-{len(self._steps)}",
+                                     daemon=True)
+                self._steps.append(t)
+                self._threads += 1
+                t.start()
+            self._lock.notify(sync)
+        if not self.buffer:
+            self._wake.set()  # the buffer ran dry: claim the next batch meanwhile
+
+    def _take_locked(self, job):
+        self.in_flight[job.id] = job
+        self.running += 1
+
+    def _start_async(self, job):
+        self._take_locked(job)
+        self.flusher.step_started()
+        self._tasks[job.id] = aio.submit(self._async_step(job))
+
+    async def _async_step(self, job):
+        """One async step (and its inline chain) on the event loop; mirrors _step_loop's body."""
+        submitted = False
+        try:
+            await self.arun_chain(job)
+            submitted = True
+        except asyncio.CancelledError:
+            logger.warning("async step of %s#%s cancelled at shutdown; its lease will recover it", job.fsm, job.id)
+        except BaseException:
+            logger.exception("async step failed on %s#%s; its lease will recover it", job.fsm, job.id)
+        finally:
+            if not submitted:
+                self.flusher.step_abandoned()
+                self.settle([job.id], completed=False)
+            with self._lock:
+                self.running -= 1
+                self._tasks.pop(job.id, None)
+                self._dispatch_locked()
+
     def _step_loop(self):
-        """One step thread: take a buffered row, run its step, hand the outcome on.
+        """One sync step thread: take a buffered sync row (or a timed-out row's handle()),
+        run its step, hand the outcome on.
 
         A thread whose step was abandoned past its timeout exits when the step finally
-        returns (a replacement thread took its place), dropping the late outcome.
+        returns (another thread took its place), dropping the late outcome.
         """
         conn = db.connection(self.using)  # this thread's own Django connection object
         me = threading.current_thread()
         while True:
             with self._lock:
-                while not self.buffer and not self._stop_steps:
+                self._idle_threads += 1
+                while not self._stop_steps and not (self.buffer and self.running < self.concurrency):
                     self._lock.wait()
-                if not self.buffer:
+                self._idle_threads -= 1
+                if not self.buffer:  # stopping (timed-out rows' handle() still runs first)
                     self._runs.pop(me, None)
+                    self._threads -= 1
                     return
                 job = self.buffer.popleft()
+                if getattr(job, "is_async", False):  # left in the buffer while slots were full
+                    if not self.buffer:
+                        self._wake.set()
+                    self._start_async(job)
+                    continue
                 task = job if isinstance(job, TimedOut) else None
                 job = task.job if task else job
-                self.in_flight[job.id] = job
-                self.running += 1
+                self._take_locked(job)
                 run = self._runs[me] = Run(job, handling=task is not None)
                 if not self.buffer:
                     self._wake.set()  # the buffer ran dry: claim the next batch meanwhile
@@ -266,6 +347,7 @@ class Scheduler:
                 if not run.abandoned:
                     with self._lock:
                         self.running -= 1
+                        self._dispatch_locked()
                 # Like a request boundary: drop a connection the step broke or that
                 # outlived CONN_MAX_AGE. Only threads whose steps touched the database.
                 if conn.connection is not None and not run.abandoned:
@@ -297,9 +379,9 @@ class Scheduler:
         """Give up on every step past its timeout; return how many.
 
         Python cannot stop a thread, so the thread is left to finish and its outcome is
-        dropped (`_timed`). Its row is handed to a fresh step thread (which runs
-        handle(StepTimeout) and commits that), and a replacement thread keeps the
-        queue's concurrency; the stuck thread is counted in `self.stuck` until it returns.
+        dropped (`_timed`). Its row is handed to another step thread (which runs
+        handle(StepTimeout) and commits that), started if none is idle, so the queue
+        keeps its concurrency; the stuck thread is counted in `self.stuck` until it returns.
         An abandoned handle(StepTimeout) itself stops the instance without a third try.
         """
         now = time.monotonic() if now is None else now
@@ -318,10 +400,9 @@ class Scheduler:
                 else:
                     self.buffer.appendleft(TimedOut(r.job, r.timeout, now - r.started))
                     self._lock.notify()
-                t = threading.Thread(target=self._step_loop, name=f"gd-step-{self.queue}-r{self.timed_out}",
-                                     daemon=True)
-                self._steps.append(t)
-                t.start()
+                self._threads -= 1  # stuck: no longer one of the queue's threads
+            if overdue:
+                self._dispatch_locked()  # a fresh thread for the timed-out rows and the freed slots
         for r in overdue:
             logger.warning("step %s#%s %s ran past its timeout of %gs: abandoned (%d stuck thread(s) on queue %s)",
                            r.job.fsm, r.job.id, r.job.step, r.timeout, self.stuck, self.queue)
@@ -330,6 +411,42 @@ class Scheduler:
         for entry in stops:
             self.flusher.submit(entry)  # balances the abandoned handle()'s step_started
         return len(overdue)
+
+    def _may_inline(self, started, steps) -> bool:
+        bound = self.s.INLINE
+        return (steps < bound["MAX_STEPS"] and time.monotonic() - started < bound["MAX_SECONDS"]
+                and not self._stop.is_set())
+
+    def _yielded(self, job, entry, allowed, steps):
+        if entry.wanted_inline and entry.kind == "next":
+            reason = "key" if allowed else "stopping" if self._stop.is_set() else "bound"
+            telemetry.emit("inline.yield", {"steps": steps},
+                           {"id": job.id, "fsm": job.fsm, "step": entry.step, "reason": reason})
+
+    def _admit(self, job):
+        """Admission of a continued step: True to run it, False once it has been requeued."""
+        if self.limiter is None or not self.limiter.needs_admission(job):
+            return True
+        admission = self.limiter.admit([job], self.queue)
+        if job.id not in admission.admitted:
+            return False
+        if admission.admitted[job.id] is not None:
+            job.slot = admission.admitted[job.id]
+        return True
+
+    def _requeue(self, job, steps):
+        telemetry.emit("inline.yield", {"steps": steps},
+                       {"id": job.id, "fsm": job.fsm, "step": job.step, "reason": "throttled"})
+        self.flusher.submit(requeue_entry(job))
+
+    def _orphaned(self, job):
+        """The guard refused an inline commit: nothing committed, run nothing more."""
+        self.flusher.step_abandoned()
+        self.settle([job.id], completed=False)
+
+    def _continued(self, job, entry, steps):
+        telemetry.emit("inline.continue", {"steps": steps},
+                       {"id": job.id, "fsm": job.fsm, "from": entry.from_step, "to": job.step})
 
     def run_chain(self, job) -> None:
         """Run `job`'s step and hand its outcome to the flusher; continue inline while asked.
@@ -343,42 +460,61 @@ class Scheduler:
         Called with one flusher.step_started() pending; returns having submitted the
         last outcome (or settled a stale one); raises with that one still pending.
         """
-        bound = self.s.INLINE
         started, steps = time.monotonic(), 1
         while True:
-            allowed = (steps < bound["MAX_STEPS"] and time.monotonic() - started < bound["MAX_SECONDS"]
-                       and not self._stop.is_set())
+            allowed = self._may_inline(started, steps)
             run = self._runs.get(threading.current_thread())
             entry = (execute(job, inline=allowed) if run is None  # not on a step thread (tests)
                      else self._timed(run, job, lambda: execute(job, inline=allowed)))
             if entry.kind != "inline":
-                if entry.wanted_inline and entry.kind == "next":
-                    reason = "key" if allowed else "stopping" if self._stop.is_set() else "bound"
-                    telemetry.emit("inline.yield", {"steps": steps},
-                                   {"id": job.id, "fsm": job.fsm, "step": entry.step, "reason": reason})
+                self._yielded(job, entry, allowed, steps)
                 self.flusher.submit(entry)
                 return
             try:
                 fate = self.flusher.commit(entry)
             finally:
                 self.flusher.step_started()  # this thread goes on running (or gives up) for the row
-            if fate != "committed":  # orphaned: the guard refused, nothing committed, run nothing
-                self.flusher.step_abandoned()
-                self.settle([job.id], completed=False)
-                return
+            if fate != "committed":
+                return self._orphaned(job)
             job = continuation(job, entry, self.using)
-            if self.limiter is not None and self.limiter.needs_admission(job):
-                admission = self.limiter.admit([job], self.queue)
-                if job.id not in admission.admitted:
-                    telemetry.emit("inline.yield", {"steps": steps},
-                                   {"id": job.id, "fsm": job.fsm, "step": job.step, "reason": "throttled"})
-                    self.flusher.submit(requeue_entry(job))
-                    return
-                if admission.admitted[job.id] is not None:
-                    job.slot = admission.admitted[job.id]
-            telemetry.emit("inline.continue", {"steps": steps},
-                           {"id": job.id, "fsm": job.fsm, "from": entry.from_step, "to": job.step})
+            if not self._admit(job):
+                return self._requeue(job, steps)
+            self._continued(job, entry, steps)
             steps += 1
+
+    async def arun_chain(self, job) -> None:
+        """`run_chain` for `async def` steps, on the event loop: same order, same guard.
+
+        The database work between steps (the continuation's loads, admission) goes
+        through sync_to_async, as Django requires from async code.
+        """
+        started, steps = time.monotonic(), 1
+        while True:
+            allowed = self._may_inline(started, steps)
+            if is_async(job):
+                entry = await aexecute(job, inline=allowed)
+            else:  # a chain that went on into a sync step: Django's shared sync thread runs it
+                entry = await sync_to_async(execute)(job, inline=allowed)
+            if entry.kind != "inline":
+                self._yielded(job, entry, allowed, steps)
+                self.flusher.submit(entry)
+                return
+            try:
+                fate = await asyncio.wait_for(asyncio.wrap_future(self.flusher.submit(entry, wait=True)),
+                                              COMMIT_TIMEOUT)
+            finally:
+                self.flusher.step_started()
+            if fate != "committed":
+                return self._orphaned(job)
+            job, admitted = await sync_to_async(self._continue_sync)(job, entry)
+            if not admitted:
+                return self._requeue(job, steps)
+            self._continued(job, entry, steps)
+            steps += 1
+
+    def _continue_sync(self, job, entry):
+        nxt = continuation(job, entry, self.using)
+        return nxt, self._admit(nxt)
 
     def settle(self, ids, completed: bool = True) -> None:
         """These rows left our hands: free their slots and wake the feeder to refill.

@@ -2,7 +2,9 @@
 
 Connections (SPEC §4.13): each role has its own Django connection (Django keeps one
 per thread), so heartbeats and commits never wait behind step work:
-    per process = Σ queue concurrency (step threads, only if steps use the DB)
+    per process = Σ queue concurrency (sync step threads, started on demand, only if
+                  their steps use the DB or continue inline)
+                + 1 for all async steps (Django's shared sync_to_async thread)
                 + queues (one scheduler each) + 1 flusher + 1 heartbeat + 1 listener
                 + 1 timer + 1 reaper + 1 GC (when enabled here)
 """
@@ -21,6 +23,7 @@ from dataclasses import dataclass, field
 from .. import db, sql
 from ..conf import get_settings
 from ..limiter import get_limiter
+from . import aio
 from .claims import heartbeat
 from .flusher import Flusher
 from .listener import Listener
@@ -173,6 +176,10 @@ class Supervisor:
             db.execute(sql.WORKER_UNREGISTER, {"id": self.token}, self.using)
         except Exception as exc:
             logger.warning("could not remove worker %s from the registry: %s", self.token, exc)
+        try:
+            aio.close_sync_thread_connections()
+        except Exception:
+            logger.exception("could not close the async steps' database connection")
         logger.info("gen_durable worker %s stopped: %s", self.token, results)
         return results
 

@@ -209,3 +209,4 @@ class SlowCounter(gd.Machine):
         return gd.Next("start", state={**ctx.state, "n": n})
 
 from . import inline_machines  # noqa: E402,F401  (registered for worker subprocesses too)
+from . import async_machines  # noqa: E402,F401

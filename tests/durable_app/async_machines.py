@@ -1,0 +1,136 @@
+"""Machines with `async def` steps (tests/integration/test_async_steps.py)."""
+
+import asyncio
+import os
+import threading
+
+from asgiref.sync import sync_to_async
+
+import gen_durable as gd
+from gen_durable.models import Instance
+
+
+def record(ctx, what=""):
+    if "log" in ctx.state:
+        with open(ctx.state["log"], "a") as f:
+            f.write(f"{ctx.id} {ctx.step}{what} {ctx.attempt} {threading.current_thread().name} {os.getpid()}\n")
+
+
+class AsyncSleeper(gd.Machine):
+    """One async step: await asyncio.sleep(state["sleep"]) then done; logs start and end."""
+
+    name = "tests.AsyncSleeper"
+
+    @gd.step
+    async def start(self, ctx):
+        record(ctx, ":start")
+        await asyncio.sleep(ctx.state.get("sleep", 0))
+        record(ctx, ":end")
+        return gd.Done({"slept": ctx.state.get("sleep", 0)})
+
+
+class AsyncKinds(gd.Machine):
+    """Returns the outcome kind named by state["kind"] from an async step."""
+
+    name = "tests.AsyncKinds"
+
+    @gd.step
+    async def start(self, ctx):
+        await asyncio.sleep(0)
+        kind = ctx.state["kind"]
+        if kind == "next":
+            return gd.Next("finish", state={**ctx.state, "via": "next"})
+        if kind == "retry":
+            if ctx.attempt == 0:
+                return gd.Retry(delay=0)
+            return gd.Done({"attempt": ctx.attempt})
+        if kind == "await":
+            return gd.Await("go", next="finish", state={**ctx.state, "via": "await"})
+        if kind == "schedule":
+            return gd.ScheduleChildren(next="finish", children=[
+                gd.Child(AsyncSleeper, state={"sleep": 0}, queue=ctx.queue) for _ in range(2)],
+                state={**ctx.state, "via": "schedule"})
+        if kind == "done":
+            return gd.Done({"via": "done"})
+        if kind == "stop":
+            return gd.Stop("stopped from async")
+        if kind == "raise":
+            raise ValueError("async boom")
+        if kind == "orm":  # Django's async ORM from an async step
+            n = await Instance.objects.filter(id=ctx.id).acount()
+            row = await sync_to_async(Instance.objects.get)(id=ctx.id)
+            return gd.Done({"count": n, "status": row.status})
+        return "not an outcome"
+
+    @gd.step
+    async def finish(self, ctx):
+        return gd.Done({"via": ctx.state.get("via"), "awaited": [s.payload for s in ctx.awaited],
+                        "children": sorted(c.status for c in ctx.children)})
+
+    async def handle(self, error, ctx):
+        await asyncio.sleep(0)
+        return gd.Done({"handled": repr(error)})
+
+
+class Mixed(gd.Machine):
+    """sync → async → sync steps of one machine, on one queue; inline when state["inline"]."""
+
+    name = "tests.Mixed"
+
+    @gd.step
+    def start(self, ctx):
+        record(ctx)
+        return gd.Next("middle", inline=ctx.state.get("inline", False))
+
+    @gd.step
+    async def middle(self, ctx):
+        record(ctx)
+        await asyncio.sleep(0.01)
+        return gd.Next("end", inline=ctx.state.get("inline", False))
+
+    @gd.step
+    def end(self, ctx):
+        record(ctx)
+        return gd.Done({"threads": "ok"})
+
+
+class AsyncInlineChain(gd.Machine):
+    """a → b → c, async and inline; a waits while the file state["hold"] exists."""
+
+    name = "tests.AsyncInlineChain"
+    initial = "a"
+    inline_execution = True
+
+    @gd.step
+    async def a(self, ctx):
+        record(ctx)
+        while ctx.state.get("hold") and os.path.exists(ctx.state["hold"]):
+            await asyncio.sleep(0.01)
+        return gd.Next("b")
+
+    @gd.step
+    async def b(self, ctx):
+        record(ctx)
+        return gd.Next("c")
+
+    @gd.step
+    async def c(self, ctx):
+        record(ctx)
+        return gd.Done()
+
+
+class AsyncJob(gd.Job):
+    name = "tests.AsyncJob"
+    max_attempts = 2
+
+    async def perform(self, args, ctx):
+        await asyncio.sleep(0)
+        if args.get("fail"):
+            raise RuntimeError("async job failed")
+        return {"doubled": args["x"] * 2}
+
+
+@gd.job(name="tests.async_fn_job")
+async def async_fn_job(args):
+    await asyncio.sleep(0)
+    return {"got": args["x"]}

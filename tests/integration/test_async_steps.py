@@ -1,0 +1,223 @@
+"""`async def` steps, handle() and job perform run on the worker process's event loop
+(gen_durable/worker/aio.py; docs/guide.md "Async steps")."""
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+
+import pytest
+from django.db import connection
+
+import gen_durable as gd
+from gen_durable.models import Instance
+from gen_durable.testing import drain
+from tests.conftest import wait_until
+from tests.durable_app.async_machines import (
+    AsyncInlineChain,
+    AsyncJob,
+    AsyncKinds,
+    AsyncSleeper,
+    Mixed,
+    async_fn_job,
+)
+from tests.durable_app.durable import SlowCounter
+from tests.integration.test_inline import SpyLimiter, use_limiter
+
+
+def lines(path):
+    return path.read_text().split("\n")[:-1] if path.exists() else []
+
+
+def statuses(ids):
+    return list(Instance.objects.filter(id__in=ids).values_list("status", flat=True))
+
+
+def connections_to_this_database():
+    with connection.cursor() as cur:
+        cur.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()")
+        return cur.fetchone()[0]
+
+
+def watch(done, every=0.05):
+    """Sample (threads, database connections) until `done()`; return the peaks."""
+    peak_threads = peak_conns = 0
+    while not done():
+        peak_threads = max(peak_threads, threading.active_count())
+        peak_conns = max(peak_conns, connections_to_this_database())
+        time.sleep(every)
+    return peak_threads, peak_conns
+
+
+def test_a_thousand_awaiting_steps_need_neither_a_thread_nor_a_connection_each(engine, queue_name):
+    n = 1000
+    ids = gd.insert_all([gd.Spec(AsyncSleeper, state={"sleep": 1}, queue=queue_name) for _ in range(n)])
+    before = threading.active_count()
+    started = time.monotonic()
+    engine({queue_name: n})
+    threads, conns = watch(lambda: Instance.objects.filter(id__in=ids, status="done").count() == n)
+    elapsed = time.monotonic() - started
+    # The worker adds its roles (scheduler, flusher, heartbeat, listener, reaper, GC)
+    # and one event loop: no thread and no connection per awaiting step.
+    assert threads - before <= 10, f"{threads - before} threads for {n} concurrent async steps"
+    assert conns <= 10, f"{conns} database connections for {n} concurrent async steps"
+    print(f"\n{n} async steps of 1 s at concurrency {n}: {elapsed:.2f}s, {threads} threads, {conns} connections")
+
+
+def test_control_sync_steps_take_a_thread_each(engine, queue_name):
+    """The measurement above sees threads: 30 concurrent sync sleeps start 30 step threads."""
+    ids = gd.insert_all([gd.Spec(SlowCounter, state={"sleep": 0.5, "target": 1}, queue=queue_name)
+                         for _ in range(30)])
+    before = threading.active_count()
+    engine({queue_name: 30})
+    threads, _ = watch(lambda: all(s == "done" for s in statuses(ids)))
+    assert threads - before >= 30
+
+
+@pytest.mark.parametrize("kind, expected", [
+    ("next", {"via": "next", "awaited": [], "children": []}),
+    ("retry", {"attempt": 1}),
+    ("schedule", {"via": "schedule", "awaited": [], "children": ["done", "done"]}),
+    ("done", {"via": "done"}),
+    ("raise", {"handled": "ValueError('async boom')"}),
+    ("orm", {"count": 1, "status": "executing"}),
+])
+def test_every_outcome_kind_from_an_async_step(engine, queue_name, kind, expected):
+    id_ = gd.insert(AsyncKinds, queue=queue_name, state={"kind": kind})
+    engine({queue_name: 4})
+    wait_until(lambda: statuses([id_]) == ["done"], what=f"{kind} done")
+    assert Instance.objects.get(id=id_).result == expected
+
+
+def test_await_stop_and_a_bad_value_from_async_steps(engine, queue_name):
+    waiting = gd.insert(AsyncKinds, queue=queue_name, state={"kind": "await"})
+    stopped = gd.insert(AsyncKinds, queue=queue_name, state={"kind": "stop"})
+    bad = gd.insert(AsyncKinds, queue=queue_name, state={"kind": "nonsense"})
+    engine({queue_name: 4})
+    wait_until(lambda: statuses([waiting]) == ["awaiting_signal"], what="parked")
+    gd.signal(waiting, "go", {"p": 1})
+    wait_until(lambda: statuses([waiting, stopped, bad]).count("done") == 2, what="woken and handled")
+    assert Instance.objects.get(id=waiting).result == {"via": "await", "awaited": [{"p": 1}], "children": []}
+    row = Instance.objects.get(id=stopped)
+    assert (row.status, row.last_error) == ("failed", "stopped from async")
+    assert "InvalidOutcome" in Instance.objects.get(id=bad).result["handled"]
+
+
+def test_async_jobs(engine, queue_name):
+    ok = gd.insert(AsyncJob, args={"x": 21}, queue=queue_name)
+    failing = gd.insert(AsyncJob, args={"fail": True}, queue=queue_name)
+    fn = gd.insert(async_fn_job, args={"x": 7}, queue=queue_name)
+    engine({queue_name: 4})
+    wait_until(lambda: sorted(statuses([ok, failing, fn])) == ["done", "done", "failed"], what="settled")
+    assert Instance.objects.get(id=ok).result == {"doubled": 42}
+    assert Instance.objects.get(id=fn).result == {"got": 7}
+    row = Instance.objects.get(id=failing)
+    assert row.attempt == 1 and "async job failed" in row.last_error
+
+
+@pytest.mark.parametrize("inline", [False, True])
+def test_sync_and_async_steps_share_a_queue(engine, queue_name, tmp_path, inline):
+    log = tmp_path / "log"
+    ids = gd.insert_all([gd.Spec(Mixed, queue=queue_name, state={"log": str(log), "inline": inline})
+                         for _ in range(20)])
+    engine({queue_name: 4})
+    wait_until(lambda: all(s == "done" for s in statuses(ids)), what="all done")
+    threads = {line.split()[1]: set() for line in lines(log)}
+    for line in lines(log):
+        _, step, _, thread, _ = line.split()
+        threads[step].add(thread)
+    assert threads["middle"] == {"gd-async-loop"}
+    assert not (threads["start"] & {"gd-async-loop"}), "sync steps never run on the loop"
+
+
+def test_cancelling_a_running_async_step_drops_its_outcome(engine, queue_name, tmp_path, events):
+    log = tmp_path / "log"
+    id_ = gd.insert(AsyncSleeper, queue=queue_name, state={"sleep": 0.5, "log": str(log)})
+    engine({queue_name: 4})
+    wait_until(lambda: lines(log), what="step started")
+    gd.cancel(id_, "cancelled while awaiting")
+    wait_until(lambda: any(e == "outcome.stale" and m["id"] == id_ for e, _, m in events), what="stale outcome")
+    row = Instance.objects.get(id=id_)
+    assert (row.status, row.last_error, row.result) == ("failed", "cancelled while awaiting", None)
+    assert len(lines(log)) == 2, "the step ran to its end; its outcome was dropped"
+
+
+def test_stop_drains_async_steps_and_cancels_those_past_the_drain_timeout(engine, queue_name, tmp_path):
+    log = tmp_path / "log"
+    quick = gd.insert(AsyncSleeper, queue=queue_name, state={"sleep": 0.5, "log": str(log)})
+    slow = gd.insert(AsyncSleeper, queue=queue_name, state={"sleep": 60, "log": str(log)})
+    sup = engine({queue_name: 4})
+    wait_until(lambda: len(lines(log)) == 2, what="both started")
+    started = time.monotonic()
+    sup.stop()  # what SIGTERM runs; DRAIN_TIMEOUT is 2 s in the test settings
+    assert time.monotonic() - started < 10
+    assert statuses([quick]) == ["done"], "an in-flight step within the drain timeout commits"
+    row = Instance.objects.get(id=slow)
+    assert row.status == "executing" and row.result is None, "a cancelled step commits nothing; its lease recovers it"
+    assert not any(":end" in line and line.startswith(f"{slow} ") for line in lines(log))
+
+
+def test_async_inline_chain_and_its_orphan(engine, queue_name, tmp_path, events):
+    log, held = tmp_path / "log", tmp_path / "hold"
+    chained = gd.insert(AsyncInlineChain, queue=queue_name, state={"log": str(log)})
+    sup = engine({queue_name: 4})
+    wait_until(lambda: statuses([chained]) == ["done"], what="chain done")
+    assert [(m["from"], m["to"]) for e, _, m in events if e == "inline.continue" and m["id"] == chained] == \
+        [("a", "b"), ("b", "c")]
+
+    held.touch()
+    spy = SpyLimiter()
+    use_limiter(sup, spy)
+    orphan = gd.insert(AsyncInlineChain, queue=queue_name, state={"log": str(log), "hold": str(held)})
+    wait_until(lambda: any(line.startswith(f"{orphan} a") for line in lines(log)), what="a running")
+    gd.cancel(orphan, "cancelled mid-step")
+    held.unlink()
+    wait_until(lambda: any(e == "outcome.stale" and m["id"] == orphan for e, _, m in events), what="stale")
+    sup.stop()
+    assert [line.split()[1] for line in lines(log) if line.startswith(f"{orphan} ")] == ["a"]
+    assert spy.calls == []
+
+
+def test_drain_runs_async_steps_in_the_calling_thread(db):
+    id_ = gd.insert(AsyncKinds, state={"kind": "next"})
+    tally = drain()
+    assert tally["next"] == 1 and tally["done"] == 1
+    assert Instance.objects.get(id=id_).result["via"] == "next"
+
+
+@pytest.mark.slow
+def test_sigterm_drains_in_flight_async_steps_and_exits_0(committed, queue_name, tmp_path):
+    from tests.races.test_faults import ROOT, RUNDURABLE
+
+    log = tmp_path / "log"
+    ids = gd.insert_all([gd.Spec(AsyncSleeper, state={"sleep": 0.5, "log": str(log)}, queue=queue_name)
+                         for _ in range(40)])
+    env = dict(os.environ, DJANGO_SETTINGS_MODULE="tests.settings",
+               GEN_DURABLE_TEST_DB_NAME=connection.settings_dict["NAME"],
+               GEN_DURABLE_TEST_SETTINGS=json.dumps({"PREFETCH": 10}))
+    proc = subprocess.Popen(RUNDURABLE + ["--queue", f"{queue_name}=10", "--no-gc"], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: len(lines(log)) >= 10, timeout=60, what="async steps in flight")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    assert statuses(ids).count("executing") == 0
+    started = {line.split()[0] for line in lines(log) if ":start" in line}
+    ended = {line.split()[0] for line in lines(log) if ":end" in line}
+    assert started == ended, "every started async step finished within the drain"
+    assert set(statuses([int(i) for i in started])) == {"done"}
+
+
+@pytest.fixture(autouse=True)
+def _close_the_shared_sync_thread_connection():
+    """drain() and async steps reach the database through Django's shared sync thread."""
+    yield
+    from gen_durable.worker import aio
+
+    aio.close_sync_thread_connections()
