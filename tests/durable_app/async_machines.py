@@ -134,3 +134,31 @@ class AsyncJob(gd.Job):
 async def async_fn_job(args):
     await asyncio.sleep(0)
     return {"got": args["x"]}
+
+
+class AsyncSlow(gd.Machine):
+    """An async step with a 0.3 s timeout that awaits state["sleep"] seconds; handle()
+    reports what it was given. state["own_timeout"]: the step raises TimeoutError itself."""
+
+    name = "tests.AsyncSlow"
+
+    @gd.step(timeout=0.3)
+    async def start(self, ctx):
+        if ctx.state.get("own_timeout"):
+            raise TimeoutError("the step's own timeout")
+        await asyncio.sleep(ctx.state.get("sleep", 5))
+        return gd.Done({"finished": True})
+
+    def handle(self, error, ctx):
+        return gd.Done({"error": type(error).__name__, "timeout": getattr(error, "timeout", None)})
+
+
+class AsyncSlowJob(gd.Job):
+    name = "tests.AsyncSlowJob"
+    timeout = 0.3
+    max_attempts = 2
+
+    async def perform(self, args, ctx):
+        if ctx.attempt == 0:
+            await asyncio.sleep(5)
+        return {"attempt": ctx.attempt}

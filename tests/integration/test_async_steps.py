@@ -20,6 +20,8 @@ from tests.durable_app.async_machines import (
     AsyncJob,
     AsyncKinds,
     AsyncSleeper,
+    AsyncSlow,
+    AsyncSlowJob,
     Mixed,
     async_fn_job,
 )
@@ -178,6 +180,25 @@ def test_async_inline_chain_and_its_orphan(engine, queue_name, tmp_path, events)
     sup.stop()
     assert [line.split()[1] for line in lines(log) if line.startswith(f"{orphan} ")] == ["a"]
     assert spy.calls == []
+
+
+def test_an_async_step_past_its_timeout_is_cancelled_and_handled_as_step_timeout(engine, queue_name, events):
+    slow = gd.insert(AsyncSlow, queue=queue_name, state={"sleep": 5})
+    quick = gd.insert(AsyncSlow, queue=queue_name, state={"sleep": 0})
+    own = gd.insert(AsyncSlow, queue=queue_name, state={"own_timeout": True})
+    job = gd.insert(AsyncSlowJob, queue=queue_name)
+    started = time.monotonic()
+    engine({queue_name: 4})
+    wait_until(lambda: statuses([slow, quick, own, job]) == ["done"] * 4, what="all done")
+    assert time.monotonic() - started < 4.5, "the 5 s awaits were cut short"
+    assert Instance.objects.get(id=slow).result == {"error": "StepTimeout", "timeout": 0.3}
+    assert Instance.objects.get(id=quick).result == {"finished": True}
+    # A TimeoutError the step raises itself is its own error, not the engine's timeout.
+    assert Instance.objects.get(id=own).result == {"error": "TimeoutError", "timeout": None}
+    row = Instance.objects.get(id=job)
+    assert row.result == {"attempt": 1} and "StepTimeout" in row.last_error  # retried like any error
+    timed_out = {m["id"] for e, _, m in events if e == "step.timeout"}
+    assert timed_out == {slow, job}
 
 
 def test_drain_runs_async_steps_in_the_calling_thread(db):
