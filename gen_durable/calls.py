@@ -16,6 +16,7 @@ from .codec import encode_state
 from .conf import get_settings
 from .codec import encode
 from .exceptions import DuplicateInstance, InvalidInput, NoTarget
+from .limiter.config import get_limits
 from .machine import Machine
 from .statuses import LIVE_STATUSES, Status
 from .outcomes import Spec, key_string, seconds, text
@@ -102,13 +103,18 @@ def build_row(machine, *, state=None, args=None, step=None, queue=None, priority
             raise InvalidInput(f"correlation_scope has unknown statuses {bad}; valid: {sorted(STATUSES)}")
     if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
         raise InvalidInput(f"weight must be a number > 0, got {weight!r}")
+    rate_limit = key_string(rate_limit, "rate_limit")
+    limit = get_limits().rate_for(rate_limit)
+    if limit is not None and weight > limit.burst:
+        raise InvalidInput(f"weight {weight:g} is above the burst {limit.burst:g} of rate limit "
+                           f"{limit.name!r}: the row could never be admitted")
     limit = get_settings().MAX_PAYLOAD_BYTES
     return Row(
         fsm=cls.name, fsm_version=cls.version, step=step,
         state=encode_state(state, f"state of {cls.name}", limit),
         queue=queue, priority=priority, at=at, delay=delay,
         concurrency_key=key_string(concurrency_key, "concurrency_key"),
-        rate_limit=key_string(rate_limit, "rate_limit"), weight=float(weight),
+        rate_limit=rate_limit, weight=float(weight),
         correlation_key=correlation_key, scope=scope,
     )
 
@@ -275,9 +281,25 @@ def cancel(target, reason: str = "cancelled", *, using=None) -> int:
     from .codec import clean_text
 
     params["reason"] = clean_text(reason if isinstance(reason, str) else "cancelled" if reason is None else repr(reason))
-    row = db.fetchone(sql.CANCEL, params, using)
-    if row is None:
-        raise NoTarget(target)
+    from contextlib import nullcontext
+
+    from django.db import transaction
+
+    from .conf import database_alias
+    from .limiter import get_limiter
+
+    limiter = get_limiter(using)
+    # A running step's gate slot is given back with the cancel (in its transaction on
+    # Postgres): the step's own late outcome is dropped and credits nothing.
+    with transaction.atomic(using=database_alias(using)) if limiter.transactional else nullcontext():
+        row = db.fetchone(sql.CANCEL, params, using)
+        if row is None:
+            raise NoTarget(target)
+        slot = limiter.slot_for(row[0], row[3], row[4])
+        if slot is not None and limiter.transactional:
+            limiter.credit([slot])
+    if slot is not None and not limiter.transactional:
+        limiter.credit([slot])
     return row[0]
 
 

@@ -175,6 +175,22 @@ def check_notify_and_limiter(app_configs=None, **kwargs):
     elif isinstance(lim, dict) and lim.get("BACKEND") == "redis" and not isinstance(lim.get("URL"), str):
         errors.append(Error("GEN_DURABLE['LIMITER'] with BACKEND 'redis' needs a 'URL'.",
                             hint="For example 'redis://127.0.0.1:6379/0'.", id=ID + "E006"))
+    elif isinstance(lim, dict):
+        keys = ("BACKEND", "URL", "PREFIX") if lim.get("BACKEND") == "redis" else ("BACKEND",)
+        for k in lim:
+            if k not in keys:
+                errors.append(Error(f"GEN_DURABLE['LIMITER'] has an unknown key {k!r}.",
+                                    hint=f"Keys for this backend: {', '.join(keys)}.", id=ID + "E006"))
+        if "PREFIX" in lim and (not isinstance(lim["PREFIX"], str) or not lim["PREFIX"]):
+            errors.append(Error("GEN_DURABLE['LIMITER']['PREFIX'] must be a non-empty string.",
+                                hint="Every Redis key of the limiter starts with it (default 'gen_durable:').",
+                                id=ID + "E006"))
+        if lim.get("BACKEND") == "redis":
+            try:
+                import redis  # noqa: F401
+            except ImportError:
+                errors.append(Error("GEN_DURABLE['LIMITER'] selects Redis, but the redis package is not installed.",
+                                    hint="pip install 'gen-durable[redis]'.", id=ID + "E006"))
     return errors
 
 
@@ -211,7 +227,11 @@ def check_limits(app_configs=None, **kwargs):
             errors.append(Error(f"GEN_DURABLE['CONCURRENCY_LIMITS'][{name!r}] needs 'limit', a positive int.",
                                 hint='For example {"limit": 5}.', id=ID + "E007"))
             continue
-        errors += _limit_extras("CONCURRENCY_LIMITS", name, cfg, ("limit", "shards"))
+        errors += _limit_extras("CONCURRENCY_LIMITS", name, cfg, ("limit", "shards", "retry"))
+        if "retry" in cfg and not _num(cfg["retry"], positive=True):
+            errors.append(Error(f"GEN_DURABLE['CONCURRENCY_LIMITS'][{name!r}]['retry'] must be seconds > 0.",
+                                hint="How soon a row denied by a full gate is offered again, per `limit` rows "
+                                     "(default 0.25).", id=ID + "E007"))
     for key in ("RATE_LIMITS", "CONCURRENCY_LIMITS"):
         if not isinstance(getattr(s, key), dict):
             errors.append(Error(f"GEN_DURABLE['{key}'] must be a dict.", hint="name -> options", id=ID + "E007"))

@@ -49,24 +49,27 @@ def drain(queue: str | None = None, *, with_scheduled: bool = True, max_steps: i
     tally: Counter = Counter()
     worker = f"drain:{uuid.uuid4().hex[:8]}"
     ttl = get_settings().LEASE_TTL
-    gates = ()
+    from .limiter import get_limiter
+
+    limiter = get_limiter(using)
+    gates = limiter.gate_names()
     while True:
         if with_scheduled:
             db.execute(_COLLAPSE, {"queue": queue}, using)
         queues = [r[0] for r in db.fetchall(_QUEUES_DUE, {"queue": queue}, using)]
         ran = 0
         for q in sorted(queues):
-            jobs = pick(q, 100, worker, ttl, gates=gates, using=using)
+            jobs = pick(q, 100, worker, ttl, gates=gates, using=using, limiter=limiter)
             for i, job in enumerate(jobs):
                 if tally["steps"] >= max_steps:
-                    from .worker.claims import release
+                    from .worker.claims import release_jobs
 
                     # The batch runs in pick order, not id order: release the rest by position.
-                    release([j.id for j in jobs[i:]], worker, using)
+                    release_jobs(jobs[i:], worker, limiter, using)
                     raise DrainLimitExceeded(f"drain() stopped at max_steps={max_steps}; raise it or "
                                              "look for a machine that never terminates")
                 entry = execute(job)
-                result = flush([entry], using)
+                result = flush([entry], using, limiter)
                 tally["steps"] += 1
                 tally["stale" if result.stale else KIND_NAMES[entry.kind]] += 1
                 ran += 1

@@ -1,17 +1,65 @@
-"""Admission of configured limits (SPEC §4.6 gates, §4.7 rate limits).
+"""Admission of configured limits: concurrency gates and token-bucket rate limits.
 
-One interface, called by the engine at four points (seed internals "The pick"):
-  admit(entries)  after a claim: which claimed rows may run now
-  credit(slots)   after a committed outcome: give held gate slots back
-  renew(slots)    on each heartbeat: keep lease-native slots (Redis) alive
-  reconcile()     in each GC sweep: heal counters from the executing rows
-Until the limiter issue lands, `NullLimiter` admits everything, and an unconfigured
-concurrency key is K=1 (the unique arbiter, in-band) whatever the backend.
+One interface (`Limiter`), two backends: `PostgresLimiter` (default; counters are rows of
+gen_durable_buckets) and `RedisLimiter` (LIMITER={"BACKEND": "redis", ...}). The engine
+calls it at four points:
+
+  admit(jobs, queue) -> Admission
+      After a claim (worker/claims.py `pick`): which claimed rows may run now. `jobs` are
+      claimed rows (executing, held by one worker) in admission order, most urgent first;
+      a list of one already-claimed row works the same way (e.g. to admit a row's next
+      step after an inline transition commits). Admitted rows get an opaque slot to
+      credit later (None for rate-only rows); denied rows are NOT touched: the caller
+      requeues them with eligible_at = now + Admission.retry_in[id] (claims.defer, or
+      the normal outcome path). Constant cost per call: Postgres one transaction of two
+      statements, Redis one script round-trip, whatever the number of rows.
+  credit(slots)
+      After rows leave executing: committed outcomes (Next, Retry, Await, Done, Stop,
+      ScheduleChildren), cancel, reap, release. Postgres (`transactional = True`) must be
+      called inside the transaction that moves the rows; Redis after it.
+  renew(slots)
+      Each heartbeat, for the slots of the rows a worker holds (Redis slots are leases).
+  reconcile() -> {"buckets": n, "gates": n}
+      Each GC sweep: Postgres recomputes gate counters from the executing rows (after a
+      kill -9) and sweeps idle rate buckets; Redis has nothing to heal.
+
+An unconfigured concurrency key is K=1 whatever the backend: the unique arbiter index,
+in the claim itself. See docs/guide.md, "Limits", for the user-facing rules.
 """
 
+from __future__ import annotations
+
+from ..conf import get_settings
 from .base import Admission, Limiter, NullLimiter  # noqa: F401
+from .config import Gate, Limits, RateLimit, get_limits, name_of  # noqa: F401
+
+_cache: dict = {}
 
 
-def get_limiter(using=None) -> "Limiter":
-    """Return the limiter for the current settings (the null limiter for now)."""
-    return NullLimiter()
+def get_limiter(using=None) -> Limiter:
+    """The limiter of the current settings for database alias `using` (one per process).
+
+    Raises ImportError (with the fix) when LIMITER selects Redis and `redis` is missing.
+    """
+    settings = get_settings()
+    key = (id(settings), using)
+    limiter = _cache.get(key)
+    if limiter is None or limiter._settings is not settings:
+        limiter = _build(settings, using)
+        limiter._settings = settings
+        _cache.clear()
+        _cache[key] = limiter
+    return limiter
+
+
+def _build(settings, using) -> Limiter:
+    lim = settings.LIMITER
+    if isinstance(lim, dict) and lim.get("BACKEND") == "redis":
+        try:
+            from .redis import RedisLimiter
+        except ImportError as exc:  # pragma: no cover - depends on the environment
+            raise ImportError("GEN_DURABLE['LIMITER'] selects Redis: pip install 'gen-durable[redis]'") from exc
+        return RedisLimiter(lim["URL"], prefix=lim.get("PREFIX", "gen_durable:"), lease_ttl=settings.LEASE_TTL)
+    from .postgres import PostgresLimiter
+
+    return PostgresLimiter(using)

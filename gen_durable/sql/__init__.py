@@ -47,6 +47,15 @@ OVERVIEW_EXECUTING = _load("overview_executing")
 OVERVIEW_ESTIMATES = _load("overview_estimates")
 OVERVIEW_WORKERS = _load("overview_workers")
 OVERVIEW_COMPLETIONS = _load("overview_completions")
+DEFER = _load("defer")
+LIMITER_LOCK = _load("limiter_lock")
+LIMITER_DEBIT = _load("limiter_debit")
+LIMITER_CREDIT = _load("limiter_credit")
+RECONCILE_LOCK = _load("reconcile_lock")
+RECONCILE_COUNT = _load("reconcile_count")
+RECONCILE_HEAL = _load("reconcile_heal")
+SWEEP_RATE_BUCKETS = _load("sweep_rate_buckets")
+SYNC_LIMITS = _load("sync_limits")
 
 
 def names() -> list[str]:

@@ -1,7 +1,8 @@
 -- pick: claim up to `limit` runnable rows of one queue and lease them to `worker`.
 -- Spec: SPEC §4.2, §4.6 (K=1), §4.9; seeds: performance §2, internals "The pick".
 -- Params: queue text, limit int, worker text, ttl float8 (lease seconds),
---   gates text[] (configured gate names: their rows skip K=1 and get a provisional shard).
+--   gates text[] (configured gate names: their rows skip K=1 and get the provisional
+--   shard -1, "claimed, not yet admitted": the limiter stamps the real shard on admission).
 -- Index: gen_durable_pick (queue, priority, eligible_at) WHERE status = 'runnable' —
 --   `queue = $1` equality (never ANY) lets the index hand rows over in order so LIMIT
 --   stops after ~limit rows. The K=1 probe is a plain NOT EXISTS, planned as a Nested
@@ -42,7 +43,7 @@ UPDATE gen_durable g
 SET status = 'executing',
     locked_by = %(worker)s,
     lease_expires_at = now() + make_interval(secs => %(ttl)s::float8),
-    concurrency_shard = CASE WHEN r.gated THEN 0 END,
+    concurrency_shard = CASE WHEN r.gated THEN -1 END,
     updated_at = now()
 FROM ranked r
 WHERE g.id = r.id AND r.rn = 1

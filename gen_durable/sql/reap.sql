@@ -4,8 +4,10 @@
 -- Index: gen_durable_lease (lease_expires_at) WHERE status = 'executing' — cost tracks
 --   the expired set, not the table. Locks: id order, SKIP LOCKED (several reapers may
 --   run at once; no leader election). Reaped queues are notified on commit.
+-- Returns the key and shard each row held (the locked version), so the caller credits
+--   the gate slot in the same transaction.
 WITH expired AS (
-    SELECT id FROM gen_durable
+    SELECT id, concurrency_key, concurrency_shard FROM gen_durable
     WHERE status = 'executing' AND lease_expires_at < now()
     ORDER BY id
     LIMIT %(limit)s
@@ -17,8 +19,8 @@ WITH expired AS (
         updated_at = now()
     FROM expired
     WHERE g.id = expired.id
-    RETURNING g.id, g.queue
+    RETURNING g.id, g.queue, expired.concurrency_key, expired.concurrency_shard
 ), wake AS (
     SELECT pg_notify('gen_durable', queue) FROM (SELECT DISTINCT queue FROM upd) q
 )
-SELECT upd.id, upd.queue FROM upd CROSS JOIN (SELECT count(*) FROM wake) w
+SELECT upd.id, upd.queue, upd.concurrency_key, upd.concurrency_shard FROM upd CROSS JOIN (SELECT count(*) FROM wake) w

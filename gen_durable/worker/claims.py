@@ -5,10 +5,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from django.db import IntegrityError
+from django.db import IntegrityError, transaction
 
 from .. import db, sql, telemetry
 from ..codec import loads
+from ..conf import database_alias
 from ..machine import ChildRow, Signal
 
 logger = logging.getLogger("gen_durable.pick")
@@ -44,15 +45,25 @@ class Claimed:
     #                               that keeps the state starts from it, not from a mutated ctx.state
 
 
-def pick(queue: str, limit: int, worker: str, ttl: float, *, gates=(), using=None) -> list[Claimed]:
+def pick(queue: str, limit: int, worker: str, ttl: float, *, gates=(), using=None, limiter=None,
+         window: int | None = None, stats: dict | None = None) -> list[Claimed]:
     """Claim up to `limit` runnable rows of `queue` for `worker`, leased for `ttl` seconds.
 
     Statements: 1 when nothing is claimed, 3 otherwise (claim, inboxes, children) —
     SPEC §4.2, §8. A unique violation on the K=1 arbiter (another process claimed the
     same key) aborts the claim; it is retried up to 3 times, each retry emitting
     `concurrency.contended`, and then gives up with an empty batch.
+
+    limiter: admits the claimed rows that carry a configured gate or a rate limit
+        (`gates` must be its gate_names()); adds the limiter's constant cost, plus one
+        statement (defer) when it denies rows: they go back to runnable with eligible_at
+        at the instant they can next be admitted, so they leave the head of the queue.
+    window: claim up to this many rows (> limit) to move a throttled head out of the way
+        in one pick; rows beyond `limit` that are not admitted limited rows go back with
+        their eligible_at (in the same defer statement). stats: filled with {"denied": n, "claimed": n}.
     """
-    params = {"queue": queue, "limit": limit, "worker": worker, "ttl": float(ttl), "gates": db.pg_array(gates)}
+    scan = max(limit, window or 0)
+    params = {"queue": queue, "limit": scan, "worker": worker, "ttl": float(ttl), "gates": db.pg_array(gates)}
     rows = None
     for attempt in range(CLAIM_ATTEMPTS):
         try:
@@ -69,16 +80,82 @@ def pick(queue: str, limit: int, worker: str, ttl: float, *, gates=(), using=Non
     for j in jobs:
         j.raw_state, j.state = j.state, loads(j.state)
     jobs.sort(key=lambda j: (j.priority, j.eligible_at, j.id))
+    claimed = jobs
     try:
-        enrich(jobs, using)
+        if limiter is not None:
+            jobs = admit_claimed(jobs, queue, worker, limiter, limit, stats, using)
+        elif len(jobs) > limit:
+            release([j.id for j in jobs[limit:]], worker, using)
+            jobs = jobs[:limit]
+        if jobs:
+            enrich(jobs, using)
     except BaseException:
-        # Never leave a claimed batch executing until the reaper (behaviours PICK-14).
+        # Never leave a claimed batch executing until the reaper.
         try:
-            release([j.id for j in jobs], worker, using)
+            release_jobs(claimed, worker, limiter, using)
         except Exception:
-            logger.exception("could not release a claimed batch after a failed enrichment")
+            logger.exception("could not release a claimed batch after a failed admission or enrichment")
         raise
     return jobs
+
+
+def admit_claimed(jobs, queue, worker, limiter, limit, stats=None, using=None) -> list[Claimed]:
+    """Admit the limited rows of a claimed batch; requeue the denied, keep at most `limit`.
+
+    Admitted limited rows are always kept (their tokens or slots are spent); rows beyond
+    `limit` otherwise are released with their eligible_at unchanged.
+    """
+    limited = [j for j in jobs if limiter.needs_admission(j)]
+    denied: dict = {}
+    if limited:
+        adm = limiter.admit(limited, queue)
+        for j in limited:
+            if j.id in adm.admitted:
+                j.slot = adm.admitted[j.id]
+        denied = {i: adm.retry_in.get(i, 0.0) for i in adm.denied}
+    keep, extra = [], []
+    admitted_limited = {j.id for j in limited if j.id not in denied}
+    for j in jobs:
+        if j.id in denied:
+            continue
+        (keep if len(keep) < limit or j.id in admitted_limited else extra).append(j)
+    back = {**denied, **{j.id: None for j in extra}}  # extras keep their place in the queue
+    if back:
+        ids = sorted(back)
+        defer(ids, [back[i] for i in ids], worker, using)
+    if stats is not None:
+        stats["denied"] = len(denied)
+        stats["claimed"] = len(jobs)
+    return keep
+
+
+def defer(ids, delays, worker: str, using=None) -> list[int]:
+    """Requeue claimed rows with eligible_at = now() + delay (seconds, per row; None keeps it). Statements: 1."""
+    if not ids:
+        return []
+    return [r[0] for r in db.fetchall(sql.DEFER, {"ids": db.pg_array(ids),
+                                                   "delay": db.pg_array([None if d is None else float(d) for d in delays]),
+                                                   "worker": worker}, using)]
+
+
+def release_jobs(jobs, worker: str, limiter=None, using=None) -> list[int]:
+    """Release claimed rows and credit the gate slots of those released.
+
+    With a transactional limiter (Postgres) both happen in one transaction.
+    """
+    if not jobs:
+        return []
+    slots = {j.id: j.slot for j in jobs if j.slot is not None}
+    if limiter is None or not slots:
+        return release([j.id for j in jobs], worker, using)
+    if limiter.transactional:
+        with transaction.atomic(using=database_alias(using)):
+            released = release([j.id for j in jobs], worker, using)
+            limiter.credit([slots[i] for i in released if i in slots])
+        return released
+    released = release([j.id for j in jobs], worker, using)
+    limiter.credit([slots[i] for i in released if i in slots])
+    return released
 
 
 def enrich(jobs: list[Claimed], using=None) -> None:

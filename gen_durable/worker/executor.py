@@ -24,6 +24,7 @@ from ..calls import Row, build_row
 from ..codec import clean_text, encode, encode_state, load_typed, loads
 from ..conf import get_settings
 from ..exceptions import InvalidOutcome, StepTimeout, UnknownMachine
+from ..limiter.config import get_limits, name_of
 from ..machine import Context, Job, Machine
 from ..outcomes import KEEP, Await, Done, Next, Retry, ScheduleChildren, Stop
 from . import aio
@@ -302,6 +303,24 @@ def _check_step(cls, name, outcome):
                              f"steps are {sorted(cls.steps)}")
 
 
+def _check_rate(outcome, cls, job):
+    """A weight the bucket can never hold is an error now; an unknown name is reported."""
+    if outcome.rate_limit is None:
+        return
+    limit = get_limits().rate_for(outcome.rate_limit)
+    name = name_of(outcome.rate_limit)
+    if limit is None:
+        telemetry.emit("rate_limit.unknown", {"count": 1},
+                       {"key": outcome.rate_limit, "name": name, "fsm": cls.name, "step": job.step})
+        logger.warning("%s#%s step %r: Next names rate limit %r, which is not in GEN_DURABLE['RATE_LIMITS']; "
+                       "the instance will wait at step %r until it is configured", cls.name, job.id, job.step,
+                       name, outcome.step)
+    elif outcome.weight > limit.burst:
+        raise InvalidOutcome(f"{cls.name}.{job.step}: Next({outcome.step!r}) has weight {outcome.weight:g}, "
+                             f"above the burst {limit.burst:g} of rate limit {name!r}; it could never be "
+                             "admitted (split the step or raise the burst)")
+
+
 def inline_kind(outcome: Next, cls, job: Claimed, allowed: bool) -> tuple[bool, str]:
     """(wanted, kind) of a Next: kind "inline" runs the next step in this worker.
 
@@ -328,6 +347,7 @@ def to_entry(outcome, cls, job: Claimed, *, consumed, presented, inline=False) -
     base = dict(id=job.id, worker=job.worker, fsm=job.fsm, from_step=job.step, queue=job.queue, slot=job.slot)
     if isinstance(outcome, Next):
         _check_step(cls, outcome.step, outcome)
+        _check_rate(outcome, cls, job)
         set_key = outcome.concurrency_key is not KEEP
         wanted, kind = inline_kind(outcome, cls, job, inline)
         if kind == "inline":

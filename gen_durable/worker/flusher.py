@@ -59,7 +59,7 @@ def _arrays(entries):
     }
 
 
-def flush(entries, using=None) -> FlushResult:
+def flush(entries, using=None, limiter=None) -> FlushResult:
     """Commit `entries` (len ≤ FLUSH.MAX_BATCH) in one transaction; return what committed.
 
     An "inline" entry (a Next continuing in the same worker) is part of the same
@@ -68,7 +68,11 @@ def flush(entries, using=None) -> FlushResult:
 
     Statements: 1 for plain Next/inline/Retry/Done/Stop batches; +1 when any Await parks
     (the recheck), +2 when any ScheduleChildren spawns, +1 when any terminal child
-    joins its parent. Raises DatabaseError when the transaction fails (nothing commits).
+    joins its parent, +1 when a committed row held a gate slot and `limiter` is
+    transactional (Postgres: the credit commits with the outcomes, so the counters
+    never disagree with the executing rows; other limiters are credited after the
+    commit). Raises DatabaseError when the transaction
+    fails (nothing commits).
     """
     entries = sorted(entries, key=lambda e: e.id)
     result = FlushResult()
@@ -82,6 +86,10 @@ def flush(entries, using=None) -> FlushResult:
             if parent_id is not None and status in ("done", "failed"):
                 parents[parent_id] += 1
         ok = [e for e in entries if e.id in result.committed]
+        if limiter is not None and limiter.transactional:
+            slots = [e.slot for e in ok if e.slot is not None]
+            if slots:
+                limiter.credit(slots)
         parked = [e for e in ok if e.kind == "await"]
         if parked:
             rows = db.fetchall(sql.PARK_RECHECK, {
@@ -110,6 +118,13 @@ def flush(entries, using=None) -> FlushResult:
             for id_, status, queue in rows:
                 if status == "runnable":
                     result.woken.add(queue)
+    if limiter is not None and not limiter.transactional:
+        slots = [e.slot for e in entries if e.slot is not None and e.id in result.committed]
+        if slots:
+            try:
+                limiter.credit(slots)
+            except Exception:
+                logger.exception("limiter credit failed; the slots come back when their leases lapse")
     result.stale = [e for e in entries if e.id not in result.committed]
     for e in result.stale:
         telemetry.emit("outcome.stale", {"count": 1}, {"id": e.id, "fsm": e.fsm, "step": e.from_step, "kind": e.kind})
@@ -204,7 +219,7 @@ class Flusher:
         entries = [e for e, _ in batch]
         started = time.perf_counter()
         try:
-            result = flush(entries, self.using)
+            result = flush(entries, self.using, self.limiter)
         except (OperationalError, InterfaceError) as exc:
             return self._fail(batch, exc, reconnect=True)
         except DatabaseError as exc:
@@ -229,13 +244,6 @@ class Flusher:
             return self._fail(batch, exc, reconnect=True)
         telemetry.emit("flush.stop", {"count": len(entries), "stale": len(result.stale),
                                       "duration": time.perf_counter() - started}, {})
-        if self.limiter is not None:
-            slots = [e.slot for e in entries if e.slot is not None and e.id in result.committed]
-            if slots:
-                try:
-                    self.limiter.credit(slots)
-                except Exception:
-                    logger.exception("limiter credit failed (the reconciler will heal it)")
         if self.on_commit is not None:
             try:
                 self.on_commit(result, entries)

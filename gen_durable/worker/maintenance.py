@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import logging
 
+from django.db import transaction
+
 from .. import db, sql, telemetry
+from ..conf import database_alias
 from .roles import Role
 
 logger = logging.getLogger("gen_durable.maintenance")
@@ -17,11 +20,25 @@ logger = logging.getLogger("gen_durable.maintenance")
 REAP_BATCH = 1000
 
 
-def reap(using=None) -> list[int]:
-    """Return every expired lease to runnable (attempt + 1); return the ids. Loops by batch."""
+def reap(using=None, limiter=None) -> list[int]:
+    """Return every expired lease to runnable (attempt + 1); return the ids. Loops by batch.
+
+    The gate slots the reaped rows held are credited (with a transactional limiter, in
+    the reap's transaction).
+    """
+    if limiter is None:
+        from ..limiter import get_limiter
+
+        limiter = get_limiter(using)
     reaped = []
     while True:
-        rows = db.fetchall(sql.REAP, {"limit": REAP_BATCH}, using)
+        if limiter.transactional:
+            with transaction.atomic(using=database_alias(using)):
+                rows = db.fetchall(sql.REAP, {"limit": REAP_BATCH}, using)
+                limiter.credit([limiter.slot_for(r[0], r[2], r[3]) for r in rows])
+        else:
+            rows = db.fetchall(sql.REAP, {"limit": REAP_BATCH}, using)
+            limiter.credit([limiter.slot_for(r[0], r[2], r[3]) for r in rows])
         reaped += [r[0] for r in rows]
         if len(rows) < REAP_BATCH:
             break
@@ -74,8 +91,8 @@ class Periodic(Role):
         db.connection(self.using).close()
 
 
-def reaper_sweep(using=None):
-    reaped = reap(using)
+def reaper_sweep(using=None, limiter=None):
+    reaped = reap(using, limiter)
     woken = expire_awaits(using)
     logger.info("reaper sweep: %d leases reaped, %d await timeouts fired", len(reaped), len(woken))
 

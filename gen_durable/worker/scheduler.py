@@ -19,10 +19,13 @@ import threading
 import time
 from collections import deque
 
+from contextlib import nullcontext
+
 from asgiref.sync import sync_to_async
-from django.db import close_old_connections
+from django.db import close_old_connections, transaction
 
 from .. import db, sql, telemetry
+from ..conf import database_alias
 from .claims import pick, reclaim, release
 from . import aio
 from .executor import (aexecute, continuation, execute, execute_timeout, is_async, job_timeout, past_deadline,
@@ -33,6 +36,9 @@ logger = logging.getLogger("gen_durable.scheduler")
 
 RELEASE_ATTEMPTS = 5  # shutdown release passes over rows locked for a moment; retry them
 PAUSE_CHECK_INTERVAL = 1.0  # seconds: how stale this scheduler's view of a queue pause may be
+# Rows a pick claims after the limiter denied rows in the previous one: enough to move a
+# throttled head out of the queue's way (each denied row is deferred once) in few picks.
+LIMITED_WINDOW = 500
 
 
 class Abandoned(Exception):
@@ -89,6 +95,7 @@ class Scheduler:
         self._tuned = None
         self._paused = False
         self._paused_read = float("-inf")
+        self._throttled = False  # the last pick had rows the limiter denied
         self._thread = threading.Thread(target=self._loop, name=f"gd-sched-{queue}", daemon=True)
         self._steps: list[threading.Thread] = []  # sync step threads, started as sync rows need them
         self._threads = 0  # of them, alive and not stuck on an abandoned step
@@ -117,7 +124,7 @@ class Scheduler:
         ids, released = [j.id for j in buffered], []
         for _ in range(RELEASE_ATTEMPTS):
             try:
-                released += release([i for i in ids if i not in released], self.worker_id, self.using)
+                released += self._release([j for j in buffered if j.id not in released])
             except Exception:
                 logger.exception("could not release %d buffered rows of %s", len(ids), self.queue)
                 break
@@ -139,6 +146,17 @@ class Scheduler:
             task.cancel()
         return {"released": len(released), "in_flight": in_flight}
 
+    def _release(self, jobs) -> list[int]:
+        """Release buffered rows and credit the gate slots they hold (one transaction on Postgres)."""
+        slots = {j.id: j.slot for j in jobs if getattr(j, "slot", None) is not None}
+        limiter = self.limiter
+        transactional = bool(slots) and limiter is not None and limiter.transactional
+        with transaction.atomic(using=database_alias(self.using)) if transactional else nullcontext():
+            released = release([j.id for j in jobs], self.worker_id, self.using)
+            if slots and limiter is not None:
+                limiter.credit([slots[i] for i in released if i in slots])
+        return released
+
     # --- state ------------------------------------------------------------------
     def held_ids(self) -> list[int]:
         """Rows to heartbeat: buffered and in flight, less steps running past their
@@ -148,6 +166,12 @@ class Scheduler:
             over = {r.job.id for r in self._runs.values()
                     if r.active and past_deadline(r.started, r.timeout, now)}
             return sorted(({j.id for j in self.buffer} | set(self.in_flight)) - over)
+
+    def held_slots(self) -> list:
+        """Gate slots of the rows this scheduler holds (buffered or running)."""
+        with self._lock:
+            jobs = list(self.buffer) + list(self.in_flight.values())
+        return [j.slot for j in jobs if getattr(j, "slot", None) is not None]
 
     def idle(self) -> bool:
         return not self.in_flight and not self.buffer
@@ -208,8 +232,14 @@ class Scheduler:
         claimed = 0
         if demand > 0 and (demand >= self.min_demand or self.idle()) and not self.paused():
             started = time.perf_counter()
+            stats: dict = {}
+            window = max(demand, LIMITED_WINDOW) if self._throttled else None
             jobs = pick(self.queue, demand, self.worker_id, self.s.LEASE_TTL,
-                        gates=self.limiter.gate_names(), using=self.using)
+                        gates=self.limiter.gate_names(), using=self.using, limiter=self.limiter,
+                        window=window, stats=stats)
+            # Widen the next claim only while denied rows dominate the head of the queue.
+            denied = stats.get("denied", 0)
+            self._throttled = denied > 0 and denied * 2 >= stats.get("claimed", 0)
             claimed = len(jobs)
             telemetry.emit("pick.stop", {"count": claimed, "demand": demand,
                                          "duration": time.perf_counter() - started},

@@ -116,10 +116,15 @@ class Supervisor:
         self._settle(entries, completed=False)
 
     def _heartbeat(self):
+        slots = []
         for sched in self.schedulers.values():
             ids = sched.held_ids()
             if ids:
                 heartbeat(ids, sched.worker_id, self.s.LEASE_TTL, self.using)
+                slots += sched.held_slots()
+        if slots:
+            # Lease-native slots (Redis) expire unless renewed with the rows' leases.
+            self.limiter.renew(slots)
         self._register()
 
     def _register(self):
@@ -139,6 +144,12 @@ class Supervisor:
             self.s.POLL_INTERVAL, self.s.MAX_POLL_INTERVAL, self.s.NOTIFY, self.s.FLUSH,
             self.s.REAPER if self.config.reaper else "off", self.s.GC if self.config.gc else "off")
         self._register()
+        logger.info("gen_durable worker %s limits (%s limiter): %s", self.token, self.limiter.name,
+                    self.limiter.limits.describe())
+        try:
+            self.limiter.sync_config()
+        except Exception as exc:  # visibility only: admission uses this process's settings
+            logger.warning("could not record the configured limits: %s", exc)
         self.flusher.start()
         for sched in self.schedulers.values():
             sched.start()
@@ -147,7 +158,7 @@ class Supervisor:
             self._roles.append(self.timer.start())
         if self.config.reaper and self.s.REAPER:
             self._roles.append(Periodic("reaper", self.s.REAPER["INTERVAL"],
-                                        lambda: reaper_sweep(self.using), self.using).start())
+                                        lambda: reaper_sweep(self.using, self.limiter), self.using).start())
         if self.config.gc and self.s.GC:
             self._roles.append(Periodic("gc", self.s.GC["INTERVAL"], make_gc_sweep(
                 self.s.GC["RETENTION"], self.s.GC["BATCH"], self.limiter, self.using), self.using).start())

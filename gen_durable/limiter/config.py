@@ -1,0 +1,103 @@
+"""The configured limits, parsed once from GEN_DURABLE (RATE_LIMITS, CONCURRENCY_LIMITS).
+
+Settings are validated by system checks (checks.py, E007); this module only turns
+valid entries into values the backends use. Rates are tokens per second.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..conf import get_settings
+
+DEFAULT_GATE_RETRY = 0.25  # seconds: a denied gated row is re-offered after this, spaced per `limit` rows
+
+
+@dataclass(frozen=True)
+class RateLimit:
+    """A token bucket: `burst` tokens at most, refilled at `rate` tokens per second."""
+
+    name: str
+    rate: float
+    burst: float
+    shards: int
+
+    @property
+    def shard_capacity(self) -> float:
+        return self.burst / self.shards
+
+    @property
+    def shard_rate(self) -> float:
+        return self.rate / self.shards
+
+
+@dataclass(frozen=True)
+class Gate:
+    """A concurrency gate: at most `limit` rows of one key execute at once."""
+
+    name: str
+    limit: int
+    shards: int
+    retry: float
+
+    def shard_capacity(self, shard: int) -> int:
+        """Slots of `shard`: the limit split as evenly as possible (the first shards take the remainder)."""
+        base, extra = divmod(self.limit, self.shards)
+        return base + (1 if shard < extra else 0)
+
+
+@dataclass(frozen=True)
+class Limits:
+    rates: dict   # name -> RateLimit
+    gates: dict   # name -> Gate
+
+    def rate_for(self, key: str | None) -> RateLimit | None:
+        """The RateLimit of a row's `rate_limit` ("name" or "name:partition"), or None."""
+        return None if key is None else self.rates.get(name_of(key))
+
+    def gate_for(self, key: str | None) -> Gate | None:
+        return None if key is None else self.gates.get(name_of(key))
+
+    def describe(self) -> str:
+        parts = [f"rate {r.name}: {r.rate:g}/s burst {r.burst:g}" + (f" shards {r.shards}" if r.shards > 1 else "")
+                 for r in self.rates.values()]
+        parts += [f"gate {g.name}: limit {g.limit}" + (f" shards {g.shards}" if g.shards > 1 else "")
+                  for g in self.gates.values()]
+        return "; ".join(parts) or "none"
+
+
+def name_of(key: str) -> str:
+    """The limit name of a key: the part before the first ':'."""
+    return key.split(":", 1)[0]
+
+
+def parse(rate_limits: dict, concurrency_limits: dict) -> Limits:
+    rates = {}
+    for name, cfg in (rate_limits or {}).items():
+        allowed, period = float(cfg["allowed"]), float(cfg["period"])
+        burst = float(cfg.get("burst", allowed))
+        rates[name] = RateLimit(name=name, rate=allowed / period, burst=burst, shards=int(cfg.get("shards", 1)))
+    gates = {}
+    for name, cfg in (concurrency_limits or {}).items():
+        limit = int(cfg["limit"])
+        shards = max(1, min(int(cfg.get("shards", 1)), limit))
+        gates[name] = Gate(name=name, limit=limit, shards=shards,
+                           retry=float(cfg.get("retry", DEFAULT_GATE_RETRY)))
+    return Limits(rates=rates, gates=gates)
+
+
+_cache: list = [None, None]  # [settings object, its Limits]: reparsed when the settings change
+
+
+def get_limits() -> Limits:
+    """The Limits of the current settings (cached with them)."""
+    settings = get_settings()
+    if _cache[0] is not settings:
+        _cache[1] = parse(settings.RATE_LIMITS, settings.CONCURRENCY_LIMITS)
+        _cache[0] = settings
+    return _cache[1]
+
+
+def finite(x: float) -> bool:
+    return not (math.isinf(x) or math.isnan(x))

@@ -1,0 +1,58 @@
+"""Machines of the limiter tests (imported by durable.py, so worker subprocesses have them)."""
+
+import time
+
+from django.db import connection
+
+import gen_durable as gd
+
+
+class Gated(gd.Machine):
+    """One step that marks itself running in the side table gd_test_running (when
+    state["track"]), sleeps state["sleep"] seconds, and is done."""
+
+    name = "tests.Gated"
+
+    @gd.step
+    def start(self, ctx):
+        track = ctx.state.get("track")
+        if track:
+            with connection.cursor() as cur:
+                cur.execute("INSERT INTO gd_test_running (id, tag) VALUES (%s, %s)", [ctx.id, track])
+        try:
+            time.sleep(ctx.state.get("sleep", 0))
+        finally:
+            if track:
+                with connection.cursor() as cur:
+                    cur.execute("DELETE FROM gd_test_running WHERE id = %s", [ctx.id])
+        return gd.Done({})
+
+
+class Transitions(gd.Machine):
+    """Step "go" returns the outcome state["do"] names; "fin" is done."""
+
+    name = "tests.Transitions"
+    initial = "go"
+
+    @gd.step
+    def go(self, ctx):
+        do = ctx.state["do"]
+        if do == "next":
+            return gd.Next("fin")
+        if do == "next_rate":
+            return gd.Next("fin", rate_limit=ctx.state["rate"], weight=ctx.state.get("weight", 1))
+        if do == "release":
+            return gd.Next("fin", concurrency_key=None)
+        if do == "switch":
+            return gd.Next("fin", concurrency_key=ctx.state["key"])
+        if do == "await":
+            return gd.Await("wake", next="fin")
+        if do == "retry":
+            return gd.Retry(state={**ctx.state, "do": "done"})
+        if do == "stop":
+            return gd.Stop("stopped")
+        return gd.Done({})
+
+    @gd.step
+    def fin(self, ctx):
+        return gd.Done({"fin": True})

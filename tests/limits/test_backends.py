@@ -1,0 +1,229 @@
+"""Backend-specific limiter behaviour: Postgres shards and reconciler, Redis leases."""
+
+import time
+import uuid
+
+import pytest
+from django.db import connection
+
+import gen_durable as gd
+from gen_durable.limiter.postgres import PostgresLimiter
+from gen_durable.limiter.redis import RedisLimiter
+from gen_durable.worker import claims
+from tests.conftest import wait_until
+from tests.durable_app.durable import Plain
+
+from .conftest import REDIS_URL, buckets, collapse, redis_client
+
+
+def make_due(queue):
+    """Racing threads' collapse: ordered and SKIP LOCKED, so it never deadlocks with a pick."""
+    with connection.cursor() as cur:
+        cur.execute("UPDATE gen_durable SET eligible_at = now() WHERE id IN (SELECT id FROM gen_durable "
+                    "WHERE queue = %s AND status = 'runnable' AND eligible_at > now() ORDER BY id "
+                    "FOR NO KEY UPDATE SKIP LOCKED)", [queue])
+
+
+def remaining(queue):
+    with connection.cursor() as cur:
+        cur.execute("SELECT count(*) FROM gen_durable WHERE queue = %s AND status <> 'done'", [queue])
+        return cur.fetchone()[0]
+from .test_admission import finish, insert, pick
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def pg(settings):
+    def configure(rates=None, gates=None):
+        settings.GEN_DURABLE = {**settings.GEN_DURABLE, "RATE_LIMITS": rates or {}, "CONCURRENCY_LIMITS": gates or {}}
+        return PostgresLimiter()
+    return configure
+
+
+def test_gate_buckets_are_minted_on_first_use_already_debited(pg, queue_name):
+    limiter = pg(gates={"api": {"limit": 2}})
+    insert(queue_name, 4, concurrency_key="api")
+    assert buckets() == []
+    jobs = pick(limiter, queue_name)
+    assert buckets() == [("api", 0, 2.0, 0.0)]
+    with connection.cursor() as cur:
+        cur.execute("SELECT count(*) FROM gen_durable WHERE queue = %s AND status = 'executing' "
+                    "AND concurrency_shard = 0", [queue_name])
+        assert cur.fetchone()[0] == 2
+    finish(limiter, jobs[:1])
+    assert buckets() == [("api", 0, 2.0, 1.0)]
+
+
+def test_shards_split_the_limit_and_each_admission_draws_the_fullest(pg, queue_name):
+    limiter = pg(gates={"api": {"limit": 4, "shards": 2}})
+    insert(queue_name, 1, concurrency_key="api")
+    (lone,) = pick(limiter, queue_name)
+    assert buckets() == [("api", 0, 2.0, 1.0)]  # shard 1 is still cold (= full)
+    insert(queue_name, 4, concurrency_key="api")
+    assert len(pick(limiter, queue_name)) == 3
+    assert buckets() == [("api", 0, 2.0, 0.0), ("api", 1, 2.0, 0.0)]
+
+
+
+
+def test_reconcile_heals_a_leaked_gate_counter_from_the_executing_rows(pg, queue_name):
+    limiter = pg(gates={"api": {"limit": 2}})
+    insert(queue_name, 1, concurrency_key="api")
+    pick(limiter, queue_name)
+    with connection.cursor() as cur:
+        cur.execute("UPDATE gen_durable_buckets SET available = 0 WHERE key = 'api'")  # a leaked slot
+        cur.execute("INSERT INTO gen_durable_buckets (kind, key, shard, capacity, available) "
+                    "VALUES ('conc', 'ghost:1', 0, 5, 5), ('conc', 'api', 3, 1, 1)")
+    assert limiter.reconcile() == {"buckets": 0, "gates": 3}  # healed api/0, dropped ghost and api/3
+    assert buckets() == [("api", 0, 2.0, 1.0)]
+    assert limiter.reconcile() == {"buckets": 0, "gates": 0}
+
+
+def test_reconcile_drops_idle_full_gate_shards(pg, queue_name):
+    limiter = pg(gates={"api": {"limit": 2}})
+    insert(queue_name, 1, concurrency_key="api:doc-1")
+    jobs = pick(limiter, queue_name)
+    finish(limiter, jobs)
+    assert buckets() == [("api:doc-1", 0, 2.0, 2.0)]
+    assert limiter.reconcile()["gates"] == 1
+    assert buckets() == []
+
+
+def test_rate_bucket_sweep(pg, committed, queue_name):
+    limiter = pg(rates={"api": {"allowed": 10, "period": 1, "burst": 5},
+                        "frozen": {"allowed": 0, "period": 1, "burst": 5}})
+    with connection.cursor() as cur:
+        cur.execute("""INSERT INTO gen_durable_buckets (kind, key, shard, capacity, available, last_refill) VALUES
+            ('rate', 'api:idle', 0, 5, 0, now() - interval '10 seconds'),
+            ('rate', 'api:fresh', 0, 5, 0, now()),
+            ('rate', 'ghost:1', 0, 5, 0, now()),
+            ('rate', 'frozen:1', 0, 5, 0, now() - interval '1 hour')""")
+    assert limiter.reconcile()["buckets"] == 2
+    assert [k for k, *_ in buckets("rate")] == ["api:fresh", "frozen:1"]
+
+
+def test_gate_counters_stay_within_capacity_under_8_racing_pickers(pg, committed, queue_name):
+    """8 threads pick and finish 400 rows of one gate key with 2 shards: the CHECK never
+    surfaces, at most `limit` run at once, and every counter ends full."""
+    from tests.helpers import ConnectionThread
+    import threading
+
+    limiter = pg(gates={"hot": {"limit": 3, "shards": 2}})
+    insert(queue_name, 400, concurrency_key="hot")
+    running, peak, lock = set(), [0], threading.Lock()
+
+    def worker(n):
+        def run():
+            w = f"racer-{n}"
+            deadline = time.monotonic() + 20
+            while remaining(queue_name) and time.monotonic() < deadline:
+                jobs = claims.pick(queue_name, 5, w, 60, gates=limiter.gate_names(), limiter=limiter)
+                make_due(queue_name)
+                if not jobs:
+                    continue
+                with lock:
+                    running.update(j.id for j in jobs)
+                    peak[0] = max(peak[0], len(running))
+                with lock:
+                    running.difference_update(j.id for j in jobs)
+                finish(limiter, jobs)
+        return ConnectionThread(run)
+
+    threads = [worker(i) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join_result(120)
+    assert peak[0] <= 3
+    with connection.cursor() as cur:
+        cur.execute("SELECT status, concurrency_shard, locked_by, count(*) FROM gen_durable WHERE queue = %s "
+                    "GROUP BY 1, 2, 3", [queue_name])
+        states = cur.fetchall()
+    assert states == [("done", None, None, 400)], (states, buckets())
+    assert all(avail == cap for _, _, cap, avail in buckets())
+
+
+def test_racing_cold_rate_mints_conserve_tokens(configure, committed, queue_name, events):
+    """8 threads pick from 20 fresh keys × 10 rows (rate 0, burst 5): exactly 5 per key."""
+    from tests.helpers import ConnectionThread
+
+    limiter = configure(rates={"api": {"allowed": 0, "period": 1, "burst": 5}})
+    gd.insert_all([gd.Spec(Plain, queue=queue_name, rate_limit=f"api:{k}") for k in range(20) for _ in range(10)])
+    admitted = []
+
+    def worker(n):
+        def run():
+            for _ in range(20):
+                jobs = claims.pick(queue_name, 7, f"mint-{n}", 60, gates=(), limiter=limiter)
+                admitted.extend(j.rate_limit for j in jobs)
+                make_due(queue_name)
+        return ConnectionThread(run)
+
+    threads = [worker(i) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join_result(120)
+    from collections import Counter
+
+    assert Counter(admitted) == {f"api:{k}": 5 for k in range(20)}
+    if configure.backend == "postgres":
+        assert {avail for *_, avail in buckets("rate")} == {0.0}
+
+
+@pytest.fixture
+def redis_limiter(settings):
+    prefix = f"gdtest:{uuid.uuid4().hex[:10]}:"
+    made = []
+
+    def make(gates=None, rates=None, lease=60.0):
+        settings.GEN_DURABLE = {**settings.GEN_DURABLE, "RATE_LIMITS": rates or {}, "CONCURRENCY_LIMITS": gates or {}}
+        lim = RedisLimiter(REDIS_URL, prefix=prefix, lease_ttl=lease)
+        made.append(lim)
+        return lim
+
+    yield make
+    client = redis_client()
+    keys = list(client.scan_iter(match=prefix + "*"))
+    if keys:
+        client.delete(*keys)
+
+
+def test_redis_slots_of_a_dead_worker_expire_with_their_lease(redis_limiter, queue_name):
+    limiter = redis_limiter(gates={"api": {"limit": 2}}, lease=0.2)
+    insert(queue_name, 4, concurrency_key="api")
+    assert len(pick(limiter, queue_name)) == 2  # then the worker "dies": no credit, no renew
+    collapse(queue_name)
+    assert pick(limiter, queue_name) == []
+    got = []
+
+    def expired():
+        collapse(queue_name)
+        got.extend(pick(limiter, queue_name))
+        return len(got) == 2
+
+    wait_until(expired, timeout=10, what="the dead worker's slots to expire")
+
+
+def test_redis_renew_keeps_a_live_workers_slots(redis_limiter, queue_name):
+    limiter = redis_limiter(gates={"api": {"limit": 1}}, lease=0.3)
+    insert(queue_name, 2, concurrency_key="api")
+    (held,) = pick(limiter, queue_name)
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:  # renew well inside the lease, as the heartbeat does
+        limiter.renew([held.slot])
+        collapse(queue_name)
+        assert pick(limiter, queue_name) == []
+        time.sleep(0.05)
+
+
+def test_redis_zero_rate_buckets_never_expire(redis_limiter, queue_name):
+    limiter = redis_limiter(rates={"frozen": {"allowed": 0, "period": 1, "burst": 1},
+                                   "live": {"allowed": 10, "period": 1, "burst": 1}})
+    insert(queue_name, 1, rate_limit="frozen")
+    insert(queue_name, 1, rate_limit="live")
+    assert len(pick(limiter, queue_name)) == 2
+    client = redis_client()
+    assert client.pttl(limiter.rate_key("frozen")) == -1
+    assert 0 < client.pttl(limiter.rate_key("live")) <= 1100
