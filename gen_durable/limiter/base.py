@@ -59,6 +59,8 @@ class Limiter:
     """
 
     name = "base"
+    _limits = None
+    _horizon_lock = threading.Lock()  # per instance after __init__; shared by subclasses that skip it
     # True: credit() joins the caller's transaction (the flush that ends a row's step),
     # so the counters and the executing rows change together (see docs/guide.md, Limits).
     transactional = False
@@ -142,6 +144,8 @@ class Limiter:
             why = (f"weight {job.weight:g} exceeds the burst {rate.burst:g} of rate limit {name!r}; "
                    "such a row can never be admitted (split the step or raise the burst)")
         now = time.monotonic()
+        if "_unknown_logged" not in self.__dict__:
+            self._unknown_logged = {}
         if now - self._unknown_logged.get(why, -STALL) >= STALL:  # one line per cause per minute
             self._unknown_logged[why] = now
             logger.warning("queue %s: %s#%s (key %r): %s", queue, job.fsm, job.id, job.rate_limit, why)
@@ -157,6 +161,8 @@ class Limiter:
         """
         now = time.monotonic()
         out = {}
+        if "_horizon" not in self.__dict__:
+            self._horizon = {}
         with self._horizon_lock:
             if len(self._horizon) > 10_000:
                 self._horizon = {k: v for k, v in self._horizon.items() if v > now}
