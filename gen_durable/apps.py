@@ -13,3 +13,28 @@ class GenDurableConfig(AppConfig):
 
         # Machines in <app>/durable.py register themselves on import (SPEC §1).
         autodiscover_modules("durable")
+        if _tasks_on_gen_durable():
+            # Django tasks live in <app>/tasks.py by convention; the worker resolves a
+            # task row's function through the registry, which these imports fill.
+            autodiscover_modules("tasks")
+
+
+def _tasks_on_gen_durable() -> bool:
+    """Whether settings.TASKS configures a gen_durable.tasks.GenDurableBackend (or subclass)."""
+    from django.conf import settings
+    from django.utils.module_loading import import_string
+
+    tasks = getattr(settings, "TASKS", None)
+    if not isinstance(tasks, dict):
+        return False
+    for conf in tasks.values():
+        path = conf.get("BACKEND") if isinstance(conf, dict) else None
+        if not isinstance(path, str):
+            continue
+        try:
+            backend = import_string(path)
+        except ImportError:
+            continue  # the tasks framework reports it when the backend is first used
+        if getattr(backend, "gd_autodiscover_tasks", False):
+            return True
+    return False

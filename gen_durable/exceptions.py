@@ -75,3 +75,10 @@ class StepTimeout(GenDurableError, TimeoutError):
     def __init__(self, step, timeout, elapsed):
         self.step, self.timeout, self.elapsed = step, timeout, elapsed
         super().__init__(f"step {step!r} ran past its timeout of {timeout:g}s (abandoned after {elapsed:.1f}s)")
+
+
+class LeaseExpired(GenDurableError):
+    """An attempt's lease expired before it recorded an outcome (its worker died or stalled).
+
+    Never raised: it names that cause in a Django task's `TaskResult.errors`.
+    """

@@ -78,6 +78,9 @@ class Instance(models.Model):
     correlation_scope = TextArrayField(db_default=models.Value("{}"), editable=False)
     inserted_at = models.DateTimeField(db_default=Now())
     updated_at = models.DateTimeField(db_default=Now())
+    # One record per finished attempt ({"worker_id", "started_at", "error"}) for rows
+    # that keep one (Django tasks, gen_durable/tasks.py); NULL otherwise.
+    attempt_log = models.JSONField(null=True, blank=True, editable=False)
 
     class Meta:
         db_table = "gen_durable"

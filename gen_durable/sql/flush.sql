@@ -5,7 +5,8 @@
 --   await | schedule | done | stop), step text[] (NULL keeps), state text[] (JSON, NULL keeps),
 --   result text[] (JSON), error text[], delay float8[] (retry seconds), awaits text[]
 --   (JSON array of names), timeout float8[] (await seconds or NULL), set_key bool[],
---   new_key text[], rate_limit text[], weight float8[];
+--   new_key text[], rate_limit text[], weight float8[], detail text[] (JSON object or
+--   NULL: the attempt's record for rows that keep an attempt_log — Django tasks);
 --   c_target bigint[], c_id bigint[]: the (owner, signal id) pairs a progressing
 --   outcome consumes (exactly the ids its step was handed);
 --   lease float8: seconds an `inline` row's lease is extended by.
@@ -28,9 +29,10 @@ WITH input AS MATERIALIZED (
     FROM unnest(%(id)s::bigint[], %(worker)s::text[], %(kind)s::text[], %(step)s::text[],
                 %(state)s::text[], %(result)s::text[], %(error)s::text[], %(delay)s::float8[],
                 %(awaits)s::text[], %(timeout)s::float8[], %(set_key)s::bool[],
-                %(new_key)s::text[], %(rate_limit)s::text[], %(weight)s::float8[])
+                %(new_key)s::text[], %(rate_limit)s::text[], %(weight)s::float8[],
+                %(detail)s::text[])
          AS i(id, worker, kind, step, state, result, error, delay, awaits, timeout, set_key,
-              new_key, rate_limit, weight)
+              new_key, rate_limit, weight, detail)
 ), upd AS (
     UPDATE gen_durable g
     SET status = (CASE i.kind WHEN 'next' THEN 'runnable' WHEN 'retry' THEN 'runnable'
@@ -59,6 +61,12 @@ WITH input AS MATERIALIZED (
         weight = CASE i.kind WHEN 'retry' THEN g.weight WHEN 'next' THEN i.weight
                              WHEN 'inline' THEN i.weight ELSE 1 END,
         children_pending = CASE WHEN i.kind = 'schedule' THEN 0 ELSE g.children_pending END,
+        -- The attempt's record, with who ran it and when it was claimed: the claim set
+        -- updated_at, and nothing touches an executing row's updated_at until now.
+        attempt_log = CASE WHEN i.detail IS NULL THEN g.attempt_log
+                           ELSE COALESCE(g.attempt_log, '[]'::jsonb) || jsonb_build_array(
+                                i.detail::jsonb || jsonb_build_object('worker_id', g.locked_by,
+                                                                      'started_at', g.updated_at)) END,
         locked_by = CASE WHEN i.kind = 'inline' THEN g.locked_by END,
         lease_expires_at = CASE WHEN i.kind = 'inline'
                                 THEN now() + make_interval(secs => %(lease)s::float8) END,

@@ -16,7 +16,16 @@ WITH expired AS (
     UPDATE gen_durable g
     SET status = 'runnable', locked_by = NULL, lease_expires_at = NULL,
         concurrency_shard = NULL, attempt = g.attempt + 1, eligible_at = now(),
-        updated_at = now()
+        updated_at = now(),
+        -- A row that keeps an attempt_log (Django tasks) records the lost attempt too.
+        attempt_log = CASE WHEN g.attempt_log IS NULL THEN NULL
+                           ELSE g.attempt_log || jsonb_build_array(jsonb_build_object(
+                                'worker_id', g.locked_by, 'started_at', g.updated_at,
+                                'error', jsonb_build_object(
+                                    'exception_class_path', 'gen_durable.exceptions.LeaseExpired',
+                                    'traceback', 'gen_durable.exceptions.LeaseExpired: the lease of '
+                                        || g.locked_by || ' expired before the attempt recorded an '
+                                        || 'outcome (the worker died or stalled)'))) END
     FROM expired
     WHERE g.id = expired.id
     RETURNING g.id, g.queue, expired.concurrency_key, expired.concurrency_shard

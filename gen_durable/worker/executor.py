@@ -58,6 +58,7 @@ class Entry:
     consumed: tuple = ()
     presented: tuple = ()
     children: list = field(default_factory=list)
+    detail: str | None = None  # JSON record appended to attempt_log (machines that keep one)
     # for telemetry and the limiter
     fsm: str = ""
     from_step: str = ""
@@ -124,8 +125,9 @@ def _run(cls, job: Claimed, inline: bool = False) -> Entry:
         if cls.State is not None:
             ctx.state = load_typed(cls.State, job.state)
         outcome = getattr(machine, method)(ctx)
-        return to_entry(outcome, cls, job, consumed=tuple(s.id for s in awaited),
-                        presented=tuple(s.id for s in awaited), inline=inline)
+        entry = to_entry(outcome, cls, job, consumed=tuple(s.id for s in awaited),
+                         presented=tuple(s.id for s in awaited), inline=inline)
+        return _with_record(entry, machine)
     except BaseException as error:
         # Any exception, SystemExit included (a step thread is not the main thread, so
         # nothing else would stop): handle() sees no inputs, and its outcome consumes
@@ -206,6 +208,15 @@ def _handle_failed(job, error, handle_error) -> Entry:
 def _with_error(entry: Entry, error) -> Entry:
     if entry.kind in ("retry", "stop") and entry.error is None:
         entry.error = error_text(error)
+    return _with_record(entry, machine)
+
+
+def _with_record(entry: Entry, machine) -> Entry:
+    # A machine that keeps an attempt log (gen_durable.tasks) leaves this attempt's
+    # record on itself; the flush appends it with the worker and the claim time.
+    record = getattr(machine, "_gd_attempt_record", None)
+    if record is not None:
+        entry.detail = encode(record, f"attempt record of {entry.fsm}#{entry.id}")
     return entry
 
 

@@ -53,6 +53,7 @@ def _arrays(entries):
         "awaits": arr([e.awaits for e in entries]), "timeout": arr([e.timeout for e in entries]),
         "set_key": arr([e.set_key for e in entries]), "new_key": arr([e.new_key for e in entries]),
         "rate_limit": arr([e.rate_limit for e in entries]), "weight": arr([e.weight for e in entries]),
+        "detail": arr([e.detail for e in entries]),
         "c_target": arr([e.id for e in entries for _ in e.consumed]),
         "c_id": arr([sid for e in entries for sid in e.consumed]),
         "lease": float(get_settings().LEASE_TTL),

@@ -87,7 +87,7 @@ def test_pick_touches_about_a_batch_of_rows_when_run(scale):
         "id": [1, 2], "worker": ["w", "w"], "kind": ["next", "done"], "step": ["s", None],
         "state": [None, None], "result": [None, "{}"], "error": [None, None], "delay": [0.0, 0.0],
         "awaits": [None, None], "timeout": [None, None], "set_key": [False, False],
-        "new_key": [None, None], "rate_limit": [None, None], "weight": [1.0, 1.0],
+        "new_key": [None, None], "rate_limit": [None, None], "weight": [1.0, 1.0], "detail": [None, None],
         "c_target": [1], "c_id": [5], "lease": 60.0}.items()}),
     ("PARK_RECHECK", {"id": [1, 2], "p_target": [1], "p_id": [3]}),
     ("SPAWN_PARK", {"id": [1], "n": [3]}),
@@ -105,6 +105,8 @@ def test_pick_touches_about_a_batch_of_rows_when_run(scale):
     ("INSERT", {"fsm": "f", "fsm_version": 1, "step": "s", "state": "{}", "queue": "q", "priority": 0,
                 "at": None, "delay": 0.0, "concurrency_key": None, "rate_limit": None, "weight": 1.0,
                 "correlation_key": "k", "scope": ["runnable"]}),
+    ("TASK_ENQUEUE", {"fsm": ["t.f"] * 2, "state": ['{"args": [], "kwargs": {}}'] * 2, "queue": ["q"] * 2,
+                      "priority": [0, -5], "at": [None, None]}),
 ])
 def test_no_hot_statement_scans_the_instance_table(scale, name, params):
     p = plan(getattr(sql, name), params)
@@ -126,7 +128,7 @@ def test_flush_updates_by_primary_key_not_by_the_executing_set(scale):
     arrays = {"id": list(range(300, 300 + n)), "worker": ["w"] * n, "kind": ["next"] * n, "step": ["s"] * n,
               "state": [None] * n, "result": [None] * n, "error": [None] * n, "delay": [0.0] * n,
               "awaits": [None] * n, "timeout": [None] * n, "set_key": [False] * n, "new_key": [None] * n,
-              "rate_limit": [None] * n, "weight": [1.0] * n, "c_target": [], "c_id": [], "lease": 60.0}
+              "rate_limit": [None] * n, "weight": [1.0] * n, "detail": [None] * n, "c_target": [], "c_id": [], "lease": 60.0}
     p = plan(sql.FLUSH, arrays)
     update = next(n for n in nodes(p) if n["Node Type"] == "ModifyTable" and n.get("Relation Name") == "gen_durable")
     used = index_scans(update)

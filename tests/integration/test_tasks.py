@@ -1,0 +1,316 @@
+"""Django's Tasks framework on gen_durable (gen_durable.tasks.GenDurableBackend).
+
+The framework's public contract, as Django's own backend tests exercise it: enqueue,
+defer, priority order, get_result, context, async tasks, errors, unknown queues,
+non-JSON arguments, transactions — run through `gen_durable.testing.drain()` in the
+test's transaction, and against a real `rundurable` subprocess (get_result across
+processes). Runs on Django 6.x (`django.tasks`) and Django 5.2 (the backport).
+"""
+
+import datetime as dt
+import subprocess
+from pathlib import Path
+
+import pytest
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from gen_durable import testing
+from gen_durable.models import Instance
+from gen_durable.tasks import (
+    GenDurableBackend,
+    InvalidTask,
+    InvalidTaskBackend,
+    TaskResultDoesNotExist,
+    TaskResultMismatch,
+    TaskResultStatus,
+    enqueue_all,
+    task,
+    task_backends,
+)
+from tests.durable_app import tasks as t
+from tests.helpers import ConnectionThread
+from tests.integration.test_rundurable import MANAGE, ROOT, child_env
+
+pytestmark = pytest.mark.django_db
+
+
+def test_the_backend_supports_every_feature():
+    backend = task_backends["default"]
+    assert isinstance(backend, GenDurableBackend)
+    assert (backend.supports_defer, backend.supports_async_task, backend.supports_get_result,
+            backend.supports_priority) == (True, True, True, True)
+    assert t.add.get_backend() is backend
+
+
+def test_enqueue_returns_a_ready_result_of_one_statement():
+    with CaptureQueriesContext(connection) as q:
+        result = t.add.enqueue(1, 2)
+    assert len(q) == 1
+    assert result.status == TaskResultStatus.READY
+    assert result.id.isdigit() and result.task == t.add and result.backend == "default"
+    assert (result.args, result.kwargs) == ([1, 2], {})
+    assert result.enqueued_at is not None and result.started_at is None and result.finished_at is None
+    assert (result.worker_ids, result.errors, result.attempts) == ([], [], 0)
+    assert not result.is_finished
+    with pytest.raises(ValueError, match="not finished"):
+        result.return_value
+    row = Instance.objects.get(id=int(result.id))
+    assert (row.fsm, row.step, row.status, row.queue, row.state) == (
+        "tests.durable_app.tasks.add", "run", "runnable", "default", {"args": [1, 2], "kwargs": {}})
+    assert row.inserted_at == result.enqueued_at
+
+
+def test_a_drained_task_is_successful_with_a_complete_result():
+    result = t.echo.enqueue(1, "two", key=[3])
+    testing.drain()
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL and result.is_finished
+    # Django's JSON round trip: the tuple comes back a list.
+    assert result.return_value == {"args": [1, "two"], "kwargs": {"key": [3]}, "tuple": [1, 2]}
+    assert result.errors == [] and result.attempts == 1 and len(result.worker_ids) == 1
+    assert result.worker_ids[0].startswith("drain:")
+    assert result.enqueued_at <= result.started_at == result.last_attempted_at <= result.finished_at
+    again = t.echo.get_result(result.id)
+    assert (again.status, again.return_value, again.worker_ids) == (result.status, result.return_value,
+                                                                    result.worker_ids)
+
+
+def test_async_enqueue_get_result_and_async_task_functions():
+    from asgiref.sync import async_to_sync
+
+    result = async_to_sync(t.async_add.aenqueue)(2, 3)
+    testing.drain()
+    fetched = async_to_sync(t.async_add.aget_result)(result.id)
+    assert fetched.status == TaskResultStatus.SUCCESSFUL and fetched.return_value == 5
+    async_to_sync(result.arefresh)()
+    assert result.return_value == 5
+
+
+def test_context_counts_attempts_from_one_and_sees_the_running_row():
+    result = t.whoami.enqueue("x")
+    testing.drain()
+    result.refresh()
+    value = result.return_value
+    assert value["attempt"] == 1 and value["id"] == result.id and value["tag"] == "x"
+    assert value["status"] == "RUNNING" and value["started"] and value["workers"] == result.worker_ids
+
+
+def test_an_exception_fails_the_task_with_its_class_path_and_traceback():
+    result = t.fail.enqueue("boom")
+    counts = testing.drain()
+    assert counts["stop"] == 1
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED and result.is_finished
+    [error] = result.errors
+    assert error.exception_class_path == "builtins.ValueError" and error.exception_class is ValueError
+    assert error.traceback.startswith("Traceback (most recent call last)")
+    assert "ValueError: boom" in error.traceback and 'raise ValueError(message)' in error.traceback
+    assert result.attempts == 1 and result.finished_at is not None
+    with pytest.raises(ValueError, match="failed"):
+        result.return_value
+    assert Instance.objects.get(id=int(result.id)).last_error == "builtins.ValueError: boom"
+
+
+def test_a_non_json_return_value_fails_the_task():
+    result = t.bad_return.enqueue()
+    testing.drain()
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert result.errors[0].exception_class_path == "builtins.TypeError"
+
+
+def test_retries_follow_the_backend_options_and_keep_every_error():
+    result = t.flaky.enqueue(3)  # fails on attempts 1 and 2 (MAX_ATTEMPTS 3, no backoff)
+    counts = testing.drain()
+    assert (counts["retry"], counts["done"]) == (2, 1)
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == {"attempt": 3, "errors": 2}
+    assert result.attempts == 3 and [e.exception_class_path for e in result.errors] == ["builtins.RuntimeError"] * 2
+    assert "attempt 1 fails" in result.errors[0].traceback and "attempt 2 fails" in result.errors[1].traceback
+    assert result.started_at <= result.last_attempted_at <= result.finished_at
+
+    gone = t.always_fails.enqueue()
+    testing.drain()
+    gone.refresh()
+    assert gone.status == TaskResultStatus.FAILED and gone.attempts == 3
+    assert [e.exception_class_path for e in gone.errors] == ["builtins.KeyError"] * 3
+
+
+def test_the_default_backend_does_not_retry():
+    result = t.fail.enqueue("once")
+    assert testing.drain()["retry"] == 0
+    result.refresh()
+    assert result.attempts == 1
+
+
+def test_run_after_becomes_eligible_at():
+    when = timezone.now() + dt.timedelta(hours=1)
+    result = t.add.using(run_after=when).enqueue(1, 1)
+    assert testing.drain(with_scheduled=False)["steps"] == 0
+    row = Instance.objects.get(id=int(result.id))
+    assert row.eligible_at == when
+    fetched = t.add.get_result(result.id)
+    assert fetched.status == TaskResultStatus.READY and fetched.task.run_after == when
+    testing.drain()  # with_scheduled collapses the wait
+    result.refresh()
+    assert result.return_value == 2
+
+
+def test_priority_maps_onto_gen_durable_order():
+    for p in (-100, 0, 100, 5, -5):
+        t.add.using(priority=p).enqueue(p, 0)
+    rows = Instance.objects.filter(fsm="tests.durable_app.tasks.add").order_by("priority", "eligible_at")
+    assert [r.state["args"][0] for r in rows] == [100, 5, 0, -5, -100]  # larger Django priority first
+    ran = []
+    from gen_durable import telemetry
+
+    def on_step(event, measurements, metadata):
+        ran.append(metadata["id"])
+
+    telemetry.attach("step.stop", on_step)
+    try:
+        testing.drain()
+    finally:
+        telemetry.detach(on_step)
+    assert ran == [r.id for r in rows]
+    assert [t.add.get_result(str(i)).task.priority for i in ran] == [100, 5, 0, -5, -100]
+
+
+def test_unknown_queues_and_bad_tasks_are_invalid():
+    with pytest.raises(InvalidTask, match="not valid for backend"):
+        t.add.using(queue_name="elsewhere")
+    with pytest.raises(InvalidTask, match=r"not in GEN_DURABLE\['QUEUES'\]"):
+        t.add.using(queue_name="unrun")
+    with pytest.raises(InvalidTask, match="priority"):
+        t.add.using(priority=101)
+
+    def local():
+        pass
+
+    with pytest.raises(InvalidTask, match="module level"):
+        task(local)
+    assert Instance.objects.count() == 0
+
+
+def test_non_json_arguments_are_rejected_and_nothing_is_stored():
+    with pytest.raises(TypeError):
+        t.add.enqueue(object(), 1)
+    with pytest.raises(TypeError):
+        t.add.enqueue(1, b=dt.datetime.now())
+    assert Instance.objects.count() == 0
+
+
+def test_get_result_of_a_missing_id_or_a_machine_row():
+    import gen_durable as gd
+    from tests.durable_app.durable import Counter
+
+    backend = task_backends["default"]
+    for bad in ("999999999", "abc", "", str(2**64)):
+        with pytest.raises(TaskResultDoesNotExist):
+            backend.get_result(bad)
+    machine_id = gd.insert(Counter, state={"target": 1})
+    with pytest.raises(TaskResultDoesNotExist, match="not a task"):
+        backend.get_result(str(machine_id))
+
+
+def test_get_result_of_another_task_is_a_mismatch():
+    result = t.add.enqueue(1, 2)
+    with pytest.raises(TaskResultMismatch):
+        t.echo.get_result(result.id)
+
+
+def test_bulk_enqueue_is_one_statement():
+    with CaptureQueriesContext(connection) as q:
+        results = enqueue_all([(t.add, (i, i), {}) for i in range(50)] + [(t.add.using(priority=7), [1], {"b": 2})])
+    assert len(q) == 1 and len(results) == 51
+    assert [int(r.id) for r in results] == sorted(int(r.id) for r in results)
+    assert results[-1].task.priority == 7 and results[-1].kwargs == {"b": 2}
+    testing.drain()
+    assert [t.add.get_result(r.id).return_value for r in results] == [2 * i for i in range(50)] + [3]
+    with pytest.raises(TypeError):
+        enqueue_all([(t.add, (1, 2), {}), (t.add, (object(),), {})])
+    with pytest.raises(InvalidTask, match="triples"):
+        enqueue_all([(t.add, (1, 2))])
+    assert Instance.objects.count() == 51
+
+
+def test_a_lost_attempt_is_an_error_with_its_worker():
+    from gen_durable import db, sql
+
+    result = t.add.enqueue(1, 1)
+    Instance.objects.filter(id=int(result.id)).update(
+        status="executing", locked_by="dead-worker", lease_expires_at=timezone.now() - dt.timedelta(seconds=1))
+    assert db.fetchall(sql.REAP, {"limit": 10})
+    result.refresh()
+    assert result.status == TaskResultStatus.READY and result.worker_ids == ["dead-worker"]
+    assert result.errors[0].exception_class_path == "gen_durable.exceptions.LeaseExpired"
+    testing.drain()
+    result.refresh()
+    assert result.return_value == 2 and result.attempts == 2
+
+
+def test_backend_options_are_validated():
+    with pytest.raises(InvalidTaskBackend, match="unknown keys"):
+        GenDurableBackend("x", {"OPTIONS": {"MAX_ATTEMPS": 3}})
+    with pytest.raises(InvalidTaskBackend, match="MAX_ATTEMPTS"):
+        GenDurableBackend("x", {"OPTIONS": {"MAX_ATTEMPTS": 0}})
+    with pytest.raises(InvalidTaskBackend, match="BACKOFF"):
+        GenDurableBackend("x", {"OPTIONS": {"BACKOFF": "no.such.function"}})
+    with pytest.raises(InvalidTaskBackend, match="unknown keys"):
+        GenDurableBackend("x", {"BACKEND": "gen_durable.tasks.GenDurableBackend", "QUEUE": ["a"]})
+    default = GenDurableBackend("x", {})
+    assert default.max_attempts == 1 and 0.75 <= default.retry_delay(1) <= 1.0
+    assert 225 <= default.retry_delay(50) <= 300
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue_joins_the_callers_transaction(committed):
+    with pytest.raises(RuntimeError):
+        with transaction.atomic():
+            t.add.enqueue(1, 2)
+            raise RuntimeError("roll back")
+    assert Instance.objects.count() == 0
+
+    with transaction.atomic():
+        result = t.add.enqueue(1, 2)
+        seen = ConnectionThread(lambda: Instance.objects.filter(id=int(result.id)).exists())
+        seen.start()
+        assert seen.join_result() is False  # invisible to others until commit
+    assert Instance.objects.filter(id=int(result.id)).exists()
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_rundurable_worker_runs_tasks_and_results_read_across_processes(committed, tmp_path):
+    log = tmp_path / "order.log"
+    later = timezone.now() + dt.timedelta(seconds=1.5)
+    deferred = t.record.using(run_after=later).enqueue(str(log), "deferred")
+    ordered = [t.record.using(priority=p).enqueue(str(log), f"p{p}") for p in (-10, 50, 0)]
+    ctx = t.whoami.enqueue("sub")
+    boom = t.fail.enqueue("in a subprocess")
+    flaky = t.flaky.enqueue(2)
+    aio = t.async_add.enqueue(20, 22)
+    proc = subprocess.run(MANAGE + ["rundurable", "--burst", "--queue", "default=1", "--no-gc", "--verbosity", "0"],
+                          cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = Path(log).read_text().split()
+    labels = lines[0::2]
+    # One step thread: larger Django priority first. The deferred one runs once due (its
+    # place among them depends on how fast the worker started; its start time is checked).
+    assert [x for x in labels if x != "deferred"] == ["p50", "p0", "p-10"] and "deferred" in labels
+    worker_pid = int(lines[1])
+    assert worker_pid != __import__("os").getpid()
+
+    for r in (*ordered, deferred, ctx, boom, flaky, aio):
+        r.refresh()
+    assert [r.return_value for r in ordered] == ["p-10", "p50", "p0"]
+    assert deferred.started_at >= later
+    assert all(r.worker_ids and r.worker_ids[0] and not r.worker_ids[0].startswith("drain:")
+               for r in (*ordered, ctx, boom, aio))
+    assert ctx.return_value["attempt"] == 1 and ctx.return_value["workers"] == ctx.worker_ids
+    assert boom.status == TaskResultStatus.FAILED and "in a subprocess" in boom.errors[0].traceback
+    assert flaky.return_value == {"attempt": 2, "errors": 1} and flaky.attempts == 2
+    assert aio.return_value == 42
