@@ -160,12 +160,21 @@ def release_jobs(jobs, worker: str, limiter=None, using=None) -> list[int]:
 
 def enrich(jobs: list[Claimed], using=None) -> None:
     """Attach inboxes and children to a claimed batch: two statements for any batch size."""
-    ids = [j.id for j in jobs]
-    by_id = {j.id: j for j in jobs}
+    for job in jobs:
+        job.inbox, job.children = [], []
+    inputs = load_inputs([j.id for j in jobs], using)
+    for job in jobs:
+        job.inbox, job.children = inputs[job.id]
+
+
+def load_inputs(ids, using=None) -> dict:
+    """id -> (inbox signals, children rows) for `ids`: two statements for any number of ids."""
+    out = {i: ([], []) for i in ids}
     for target_id, sid, name, payload, at in db.fetchall(sql.LOAD_SIGNALS, {"ids": db.pg_array(ids)}, using):
-        by_id[target_id].inbox.append(Signal(sid, name, loads(payload), at))
+        out[target_id][0].append(Signal(sid, name, loads(payload), at))
     for parent_id, cid, fsm, status, state, result, last_error in db.fetchall(sql.LOAD_CHILDREN, {"ids": db.pg_array(ids)}, using):
-        by_id[parent_id].children.append(ChildRow(cid, fsm, status, loads(state), loads(result), last_error))
+        out[parent_id][1].append(ChildRow(cid, fsm, status, loads(state), loads(result), last_error))
+    return out
 
 
 def release(ids, worker: str, using=None) -> list[int]:

@@ -28,7 +28,7 @@ from ..limiter.config import get_limits, name_of
 from ..machine import Context, Job, Machine
 from ..outcomes import KEEP, Await, Done, Next, Retry, ScheduleChildren, Stop
 from . import aio
-from .claims import Claimed, enrich
+from .claims import Claimed
 
 logger = logging.getLogger("gen_durable.executor")
 
@@ -65,6 +65,7 @@ class Entry:
     queue: str = ""
     slot: object = None
     wanted_inline: bool = False  # a Next that asked to continue inline (kind says whether it may)
+    inputs: tuple = ((), ())  # inline: (inbox, children) the flush loaded for the next step
 
 
 def error_text(error: BaseException) -> str:
@@ -391,21 +392,21 @@ def to_entry(outcome, cls, job: Claimed, *, consumed, presented, inline=False) -
                          "(Next, Retry, Await, ScheduleChildren, Done or Stop)")
 
 
-def continuation(job: Claimed, entry: Entry, using=None) -> Claimed:
+def continuation(job: Claimed, entry: Entry) -> Claimed:
     """The claim of the step an inline `entry` (committed) continues with.
 
     The row as the commit left it — a requeue and re-pick would have given the same:
-    the committed state, attempt 0, no awaits, the new rate limit and key; the inbox
-    and children are loaded afresh (2 statements). The gate slot stays held.
+    the committed state, attempt 0, no awaits, the new rate limit and key, and the inbox
+    and children the flush loaded right after the commit (`entry.inputs`). The gate
+    slot stays held.
     """
     raw = entry.state if entry.state is not None else job.raw_state
-    nxt = dataclasses.replace(
+    inbox, children = entry.inputs
+    return dataclasses.replace(
         job, step=entry.step, state=loads(raw) if raw is not None else job.state, raw_state=raw,
         attempt=0, awaits=None, rate_limit=entry.rate_limit, weight=entry.weight,
         concurrency_key=entry.new_key if entry.set_key else job.concurrency_key,
-        inbox=[], children=[])
-    enrich([nxt], using)
-    return nxt
+        inbox=list(inbox), children=list(children))
 
 
 def requeue_entry(job: Claimed) -> Entry:

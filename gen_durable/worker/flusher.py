@@ -26,6 +26,7 @@ from django.db import DatabaseError, InterfaceError, OperationalError, transacti
 
 from .. import db, sql, telemetry
 from ..calls import insert_rows
+from .claims import load_inputs
 from ..codec import clean_text
 from ..conf import database_alias, get_settings
 
@@ -67,7 +68,9 @@ def flush(entries, using=None, limiter=None) -> FlushResult:
     statement: its row stays `executing` (committed status "executing") with the lease
     extended by LEASE_TTL and its gate slot kept.
 
-    Statements: 1 for plain Next/inline/Retry/Done/Stop batches; +1 when any Await parks
+    Statements: 1 for plain Next/Retry/Done/Stop batches; +2 when any inline entry
+    commits (the inbox and children its next step starts with, set on `entry.inputs`);
+    +1 when any Await parks
     (the recheck), +2 when any ScheduleChildren spawns, +1 when any terminal child
     joins its parent, +1 when a committed row held a gate slot and `limiter` is
     transactional (Postgres: the credit commits with the outcomes, so the counters
@@ -119,6 +122,14 @@ def flush(entries, using=None, limiter=None) -> FlushResult:
             for id_, status, queue in rows:
                 if status == "runnable":
                     result.woken.add(queue)
+        continuing = [e for e in ok if e.kind == "inline"]
+        if continuing:
+            # The inputs of the steps that continue inline, loaded here for the whole
+            # batch (2 statements) rather than by each step thread on a connection of
+            # its own: step threads of inline chains stay off the database.
+            inputs = load_inputs([e.id for e in continuing], using)
+            for e in continuing:
+                e.inputs = inputs[e.id]
     if limiter is not None and not limiter.transactional:
         slots = [e.slot for e in entries if e.slot is not None and e.id in result.committed]
         if slots:

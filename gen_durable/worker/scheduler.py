@@ -453,11 +453,20 @@ class Scheduler:
             telemetry.emit("inline.yield", {"steps": steps},
                            {"id": job.id, "fsm": job.fsm, "step": entry.step, "reason": reason})
 
+    def _needs_admission(self, job) -> bool:
+        return self.limiter is not None and self.limiter.needs_admission(job)
+
     def _admit(self, job):
-        """Admission of a continued step: True to run it, False once it has been requeued."""
-        if self.limiter is None or not self.limiter.needs_admission(job):
-            return True
-        admission = self.limiter.admit([job], self.queue)
+        """Admission of a continued step: True to run it, False to requeue it.
+
+        A limiter that fails is a denial: the row goes back to the pick, which admits it
+        (or fails) through the normal path, instead of waiting out its lease.
+        """
+        try:
+            admission = self.limiter.admit([job], self.queue)
+        except Exception:
+            logger.exception("limiter admission of %s#%s failed; requeueing it", job.fsm, job.id)
+            return False
         if job.id not in admission.admitted:
             return False
         if admission.admitted[job.id] is not None:
@@ -506,8 +515,8 @@ class Scheduler:
                 self.flusher.step_started()  # this thread goes on running (or gives up) for the row
             if fate != "committed":
                 return self._orphaned(job)
-            job = continuation(job, entry, self.using)
-            if not self._admit(job):
+            job = continuation(job, entry)
+            if self._needs_admission(job) and not self._admit(job):
                 return self._requeue(job, steps)
             self._continued(job, entry, steps)
             steps += 1
@@ -515,8 +524,8 @@ class Scheduler:
     async def arun_chain(self, job) -> None:
         """`run_chain` for `async def` steps, on the event loop: same order, same guard.
 
-        The database work between steps (the continuation's loads, admission) goes
-        through sync_to_async, as Django requires from async code.
+        Limiter admission between steps goes through sync_to_async, as Django requires
+        of database work from async code.
         """
         started, steps = time.monotonic(), 1
         while True:
@@ -536,15 +545,11 @@ class Scheduler:
                 self.flusher.step_started()
             if fate != "committed":
                 return self._orphaned(job)
-            job, admitted = await sync_to_async(self._continue_sync)(job, entry)
-            if not admitted:
+            job = continuation(job, entry)
+            if self._needs_admission(job) and not await sync_to_async(self._admit)(job):
                 return self._requeue(job, steps)
             self._continued(job, entry, steps)
             steps += 1
-
-    def _continue_sync(self, job, entry):
-        nxt = continuation(job, entry, self.using)
-        return nxt, self._admit(nxt)
 
     def settle(self, ids, completed: bool = True) -> None:
         """These rows left our hands: free their slots and wake the feeder to refill.

@@ -73,29 +73,37 @@ def use_limiter(sup, limiter):
 
 # --- the flush of an inline transition -------------------------------------------------
 
-def test_inline_flush_keeps_the_claim_and_is_one_statement_for_any_batch(
+def test_inline_flush_keeps_the_claim_and_loads_the_next_inputs_in_bounded_statements(
         committed, django_assert_num_queries, queue_name):
+    """The flush of N inline outcomes: the guarded UPDATE plus one batched load each of the
+    inboxes and children the next steps start with — 3 statements for any N."""
     for n in (2, 40):
         q = f"{queue_name}_{n}"
         gd.insert_all([gd.Spec(InlineChain, queue=q) for _ in range(n)])
         jobs = claims.pick(q, n, WORKER, 60)
         with connection.cursor() as cur:  # shorten the lease: the flush must extend it
             cur.execute("UPDATE gen_durable SET lease_expires_at = now() + interval '1 second' WHERE queue = %s", [q])
-        sig = gd.signal(jobs[0].id, "x", {"v": 1})
-        jobs[0].awaits, jobs[0].inbox = ["x"], [gd.machine.Signal(sig, "x", {"v": 1}, None)]
+        handed = gd.signal(jobs[0].id, "x", {"v": 1})
+        later = gd.signal(jobs[0].id, "y", {"v": 2})
+        jobs[0].awaits, jobs[0].inbox = ["x"], [gd.machine.Signal(handed, "x", {"v": 1}, None)]
         entries = [executor.to_entry(Next("b", state={"k": 1}, rate_limit="r"), InlineChain, j, consumed=(
-            (sig,) if j is jobs[0] else ()), presented=(), inline=True) for j in jobs]
+            (handed,) if j is jobs[0] else ()), presented=(), inline=True) for j in jobs]
         assert {e.kind for e in entries} == {"inline"}
-        with django_assert_num_queries(3) as captured:  # BEGIN, the flush, COMMIT
+        with django_assert_num_queries(5) as captured:  # BEGIN, flush, inboxes, children, COMMIT
             result = flush(entries)
-        assert len(statements(captured)) == 1
+        assert len(statements(captured)) == 3
         assert set(result.committed.values()) == {"executing"} and result.stale == []
         with connection.cursor() as cur:
             cur.execute("SELECT DISTINCT status::text, step, state, locked_by, attempt, rate_limit, "
                         "lease_expires_at > now() + interval '2 seconds' FROM gen_durable WHERE queue = %s", [q])
             assert cur.fetchall() == [("executing", "b", '{"k": 1}', WORKER, 0, "r", True)]
-            cur.execute("SELECT count(*) FROM gen_durable_signals WHERE id = %s", [sig])
-            assert cur.fetchone() == (0,), "the consumed signal is deleted as by a requeued Next"
+            cur.execute("SELECT id FROM gen_durable_signals WHERE target_id = %s", [jobs[0].id])
+            assert cur.fetchall() == [(later,)], "the handed signal is consumed as by a requeued Next"
+        # The next step's inputs, as a re-pick would load them.
+        assert [s.id for s in entries[0].inputs[0]] == [later] and entries[0].inputs[1] == []
+        assert all(e.inputs == ([], []) for e in entries[1:])
+        nxt = executor.continuation(jobs[0], entries[0])
+        assert (nxt.step, nxt.state, nxt.attempt, [s.name for s in nxt.inbox]) == ("b", {"k": 1}, 0, ["y"])
 
 
 def test_inline_flush_of_a_row_we_no_longer_own_commits_nothing(committed, queue_name):
