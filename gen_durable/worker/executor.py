@@ -150,7 +150,7 @@ def _handled(machine, cls, job: Claimed, ctx: Context, error: BaseException, inl
         entry = to_entry(outcome, cls, job, consumed=(), presented=(), inline=inline)
     except BaseException as handle_error:
         return _handle_failed(job, error, handle_error)
-    return _with_error(entry, error)
+    return _with_error(entry, error, machine)
 
 
 async def _arun(cls, job: Claimed, inline: bool = False) -> Entry:
@@ -173,8 +173,9 @@ async def _arun(cls, job: Claimed, inline: bool = False) -> Entry:
             ctx.state = load_typed(cls.State, job.state)
         async with asyncio.timeout(timeout) as budget:
             outcome = await getattr(machine, method)(ctx)
-        return to_entry(outcome, cls, job, consumed=tuple(s.id for s in awaited),
-                        presented=tuple(s.id for s in awaited), inline=inline)
+        entry = to_entry(outcome, cls, job, consumed=tuple(s.id for s in awaited),
+                         presented=tuple(s.id for s in awaited), inline=inline)
+        return _with_record(entry, machine)
     except asyncio.CancelledError:
         raise
     except BaseException as error:
@@ -198,7 +199,7 @@ async def _arun(cls, job: Claimed, inline: bool = False) -> Entry:
             raise
         except BaseException as handle_error:
             return _handle_failed(job, error, handle_error)
-        return _with_error(entry, error)
+        return _with_error(entry, error, machine)
 
 
 def _handle_failed(job, error, handle_error) -> Entry:
@@ -206,7 +207,7 @@ def _handle_failed(job, error, handle_error) -> Entry:
                            f"(while handling {error_text(error)})")
 
 
-def _with_error(entry: Entry, error) -> Entry:
+def _with_error(entry: Entry, error, machine) -> Entry:
     if entry.kind in ("retry", "stop") and entry.error is None:
         entry.error = error_text(error)
     return _with_record(entry, machine)
