@@ -52,6 +52,7 @@ def statements(conn):
         ("cancel (by id)", sql.CANCEL, {"id": target, "key": None, "reason": "bench"}),
         ("reap", sql.REAP, {"limit": 1000}),
         ("expire_awaits", sql.EXPIRE_AWAITS, {"force": False, "limit": 1000}),
+        ("next_timers (3 queues, 1 schedule)", sql.NEXT_TIMERS, {"queues": ["q0", "q1", "q2"], "schedules": ["nightly"]}),
         ("gc_select (10k)", sql.GC_SELECT, {"retention": 0.0, "batch": 10000}),
         ("gc_delete (10k ids)", sql.GC_DELETE, {"ids": done}),
         ("insert", sql.INSERT, {"fsm": "f", "fsm_version": 1, "step": "s", "state": "{}", "queue": "q1",

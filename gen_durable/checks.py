@@ -161,6 +161,31 @@ def check_max_step_seconds(app_configs=None, **kwargs):
 
 
 @register(Tags.compatibility)
+def check_schedules(app_configs=None, **kwargs):
+    """E021: every cron schedule (GEN_DURABLE['SCHEDULES'] and Machine.schedule) is valid:
+    a cron expression cronsim parses, a registered machine, a known IANA timezone, a
+    catch_up policy, a storable state; no name declared twice."""
+    from .schedules import declared, validate
+
+    raw = get_settings().SCHEDULES
+    if not isinstance(raw, dict):
+        return [Error(f"GEN_DURABLE['SCHEDULES'] must be a dict of name -> schedule, got {raw!r}.",
+                      hint='For example {"nightly": {"cron": "0 3 * * *", "machine": "reports.Nightly"}}.',
+                      id=ID + "E021")]
+    errors, seen = [], {}
+    for name, cfg, where in declared():
+        for problem in validate(name, cfg, where):
+            errors.append(Error(problem + ".", hint='Keys: cron, machine, state, timezone, catch_up ("skip" or '
+                                                    '"latest"); see docs/guide.md "Time".', id=ID + "E021"))
+        if name in seen:
+            errors.append(Error(f"Schedule {name!r} is declared twice ({seen[name]} and {where}).",
+                                hint="Schedule names are unique; a machine's own schedule is named after it.",
+                                id=ID + "E021"))
+        seen.setdefault(name, where)
+    return errors
+
+
+@register(Tags.compatibility)
 def check_notify_and_limiter(app_configs=None, **kwargs):
     """E005: NOTIFY is "postgres" or "none"; E006: LIMITER shape."""
     s = get_settings()

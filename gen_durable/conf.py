@@ -38,6 +38,9 @@ DEFAULTS: dict[str, Any] = {
     # Seconds a step may run when it sets no timeout of its own (None: unbounded);
     # past it the step is abandoned as a StepTimeout (docs/guide.md "Time").
     "MAX_STEP_SECONDS": 3600,
+    # Cron schedules: name -> {"cron", "machine", "state", "timezone", "catch_up"}
+    # (gen_durable/schedules.py, docs/guide.md "Time").
+    "SCHEDULES": {},
     # Not in SPEC §2's table: the largest encoded state/result/payload accepted (§9).
     "MAX_PAYLOAD_BYTES": 1_048_576,
 }
@@ -66,6 +69,7 @@ class Settings:
     DRAIN_TIMEOUT: float
     INLINE: dict
     MAX_STEP_SECONDS: Any
+    SCHEDULES: Any
     MAX_PAYLOAD_BYTES: int
     unknown: tuple = field(default=())
 

@@ -180,6 +180,33 @@ class Worker(models.Model):
         return f"{self.host}:{self.pid} ({self.id})"
 
 
+class ScheduleState(models.Model):
+    """Where one cron schedule stands (table `gen_durable_schedules`; see schedules.py).
+
+    `next_run_at` is the next tick to fire; the worker that fires it locks the row and
+    advances it in the transaction that inserts the instance, so a tick fires once.
+    `last_tick_at` is the nominal time of the tick last fired, `last_run_at` when it was
+    fired, `last_instance_id` the instance it inserted (no foreign key: GC may delete it).
+    """
+
+    name = models.TextField(primary_key=True)
+    cron = models.TextField()
+    timezone = models.TextField()
+    next_run_at = models.DateTimeField()
+    last_tick_at = models.DateTimeField(null=True)
+    last_run_at = models.DateTimeField(null=True)
+    last_instance_id = models.BigIntegerField(null=True)
+    last_error = models.TextField(null=True)
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "gen_durable_schedules"
+        managed = False
+
+    def __str__(self):
+        return self.name
+
+
 class QueueOverview(Instance):
     """No table of its own: gives the admin index its "Queue overview" entry."""
 

@@ -11,6 +11,8 @@ size of the table (docs/admin.md lists them with their plans):
   runnable and due rows (counted up to COUNT_CAP), the oldest due row's age, the
   executing rows (gen_durable_lease) and the planner's estimates for the other statuses;
 - workers: the worker registry and the executing rows per claimant (`locked_by`);
+- schedules: the configured cron schedules, next run and last run (gen_durable_schedules,
+  by primary key; nothing is read when none is configured);
 - completions: rows finished per minute over the last hour (gen_durable_gc, index only),
   drawn as a server-rendered SVG bar chart.
 """
@@ -155,7 +157,16 @@ def _age(seconds):
     return f"{seconds / 86400:.1f} d"
 
 
-SECTIONS = [queues_section, workers_section, completions_section]
+def schedules_section(using=None) -> dict:
+    """Cron schedules with their next and last run (gen_durable.schedules.overview):
+    no statement when none is configured, else two primary-key reads."""
+    from .schedules import overview
+
+    return {"template": "admin/gen_durable/overview/schedules.html", "title": "Schedules",
+            "schedules": overview(using)}
+
+
+SECTIONS = [queues_section, workers_section, schedules_section, completions_section]
 
 
 def build(using=None) -> list[dict]:

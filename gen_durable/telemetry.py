@@ -20,6 +20,8 @@ never breaks the engine. `duration` measurements are seconds (float).
 | reaper.reaped          | count                                     |                       |
 | await.timeout          | count                                     |                       |
 | step.timeout           | count (1), elapsed (s)                    | id, fsm, step, timeout |
+| schedule.fired         | count (1)                                 | schedule, tick, late (s) |
+| schedule.skipped       | count (1)                                 | schedule, tick, late (s) |
 | gc.swept               | count, buckets, gates                     |                       |
 | flush.stop             | count, stale, duration                    |                       |
 | flush.error            | count                                     | error                 |
@@ -47,7 +49,7 @@ logger = logging.getLogger("gen_durable.telemetry")
 EVENTS = (
     "step.stop", "pick.stop", "scheduler.saturation", "scheduler.drain", "scheduler.reclaimed",
     "concurrency.contended", "concurrency.throttled", "outcome.stale", "reaper.reaped",
-    "await.timeout", "step.timeout", "gc.swept", "flush.stop", "flush.error", "inline.continue", "inline.yield",
+    "await.timeout", "step.timeout", "schedule.fired", "schedule.skipped", "gc.swept", "flush.stop", "flush.error", "inline.continue", "inline.yield",
     "rate_limit.throttled",
     "rate_limit.contended", "rate_limit.unknown",
 )

@@ -1,12 +1,14 @@
 -- next_timers: seconds (database clock) until each timer of one worker process is due.
 -- Rows: ('await', NULL, s) — the earliest armed Await deadline of any queue (s <= 0: due);
---       ('queue', q, s)    — per served queue, the earliest runnable row not yet due (s > 0).
--- A kind with nothing armed returns no row (await: a NULL s).
--- Params: queues text[] (the queues this process serves).
+--       ('queue', q, s)    — per served queue, the earliest runnable row not yet due (s > 0);
+--       ('schedule', NULL, s) — the earliest next tick of the given cron schedules.
+-- A kind with nothing armed returns no row (await, schedule: a NULL s).
+-- Params: queues text[] (the queues this process serves), schedules text[] (schedule names).
 -- Index: min(await_deadline) is one probe at the head of gen_durable_await_deadline. Per
 --   queue, a loose index scan of gen_durable_pick (queue, priority, eligible_at) walks the
 --   distinct priorities in use (one probe each) and seeks the first row past now() in
 --   each (one probe each): a handful of probes whatever the number of rows (tests/plans).
+--   Schedules: primary-key probes of gen_durable_schedules (one per name).
 -- Reads only; takes no row lock.
 WITH RECURSIVE prio AS (
     SELECT q.queue,
@@ -38,3 +40,7 @@ CROSS JOIN LATERAL (
 ) n
 WHERE p.priority IS NOT NULL
 GROUP BY p.queue
+UNION ALL
+SELECT 'schedule', NULL, extract(epoch FROM min(next_run_at) - now())::float8
+FROM gen_durable_schedules
+WHERE name = ANY (%(schedules)s::text[])

@@ -20,7 +20,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from .. import db, sql
+from .. import db, schedules, sql
 from ..conf import get_settings
 from ..limiter import get_limiter
 from . import aio
@@ -74,7 +74,10 @@ class Supervisor:
         self._roles = []
         self.listener = None
         # Await deadlines and scheduled rows fire on time, reaper or not (docs/guide.md "Time").
-        self.timer = Timer(self.schedulers, self._wake, self.using) if self.schedulers else None
+        # Cron schedules: every worker process may fire them; the database lets one per tick.
+        self.cron = schedules.configured()
+        self.timer = (Timer(self.schedulers, self._wake, self.using, schedules=self.cron)
+                      if self.schedulers or self.cron else None)
 
     # wake-ups
     def _wake(self, queue):
@@ -154,6 +157,15 @@ class Supervisor:
         for sched in self.schedulers.values():
             sched.start()
         self._roles.append(Periodic("heartbeat", self.s.HEARTBEAT_INTERVAL, self._heartbeat, self.using).start())
+        if self.cron:
+            try:
+                schedules.sync(self.cron, self.using)
+                logger.info("cron schedules: %s", ", ".join(f"{n} ({s.cron} {s.timezone}, catch_up {s.catch_up})"
+                                                            for n, s in sorted(self.cron.items())))
+            except Exception:
+                logger.exception("could not sync the cron schedules (is migration 0003 applied?); "
+                                 "this process will not fire them")
+                self.timer.schedules = {}
         if self.timer is not None:
             self._roles.append(self.timer.start())
         if self.config.reaper and self.s.REAPER:

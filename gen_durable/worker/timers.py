@@ -5,9 +5,10 @@ Each worker process keeps one timer thread. It reads how long until its next dea
 earliest runnable row that is not yet due — a few index probes, flat in the number of
 rows) and sleeps until then. On waking it fires what is due: expired Await deadlines
 (`expire_awaits`, SKIP LOCKED and guarded by status, so several processes never fire one
-twice) and a poke of each queue whose scheduled row came due. It wakes early, re-reading,
-when a row is scheduled for later (NOTIFY on `gen_durable_timer`), when this process
-commits a Retry with a delay or an Await with a timeout, and when the listener
+twice), a poke of each queue whose scheduled row came due, and the cron schedules whose
+tick came (`schedules.fire_due`: once per tick across every process). It wakes early,
+re-reading, when a row is scheduled for later (NOTIFY on `gen_durable_timer`), when this
+process commits a Retry with a delay or an Await with a timeout, and when the listener
 reconnects; it re-reads at least every MAX_SLEEP seconds whatever happens (a deadline
 armed by a process that then died, a lost notification). Neither the reaper nor the
 poll interval bounds its precision (docs/guide.md "Time").
@@ -19,8 +20,10 @@ import logging
 import math
 import threading
 import time
+from typing import NamedTuple
 
 from .. import db, sql
+from ..schedules import fire_due
 from .maintenance import expire_awaits
 from .roles import Role
 
@@ -33,34 +36,44 @@ RETRY = 0.1        # seconds before retrying deadlines another process holds loc
 ERROR_BACKOFF = 1.0
 
 
-def next_timers(queues, using=None) -> tuple[float | None, dict]:
-    """Seconds until the earliest armed await deadline (None: none), and per queue of
-    `queues` until its earliest not-yet-due runnable row (queues with none are absent).
-    One statement."""
-    awaits, due = None, {}
-    for kind, queue, seconds in db.fetchall(sql.NEXT_TIMERS, {"queues": db.pg_array(sorted(queues))}, using):
+class Timers(NamedTuple):
+    awaits: float | None   # seconds until the earliest armed await deadline (None: none)
+    queues: dict           # queue -> seconds until its earliest not-yet-due runnable row
+    schedules: float | None  # seconds until the earliest next tick of the schedules
+
+
+def next_timers(queues, using=None, schedules=()) -> Timers:
+    """Seconds until each timer of a process serving `queues` and firing `schedules`
+    (names) is due; queues with no row scheduled for later are absent. One statement."""
+    awaits, due, ticks = None, {}, None
+    params = {"queues": db.pg_array(sorted(queues)), "schedules": db.pg_array(sorted(schedules))}
+    for kind, queue, seconds in db.fetchall(sql.NEXT_TIMERS, params, using):
         if seconds is None:
             continue
         if kind == "await":
             awaits = seconds
+        elif kind == "schedule":
+            ticks = seconds
         else:
             due[queue] = seconds
-    return awaits, due
+    return Timers(awaits, due, ticks)
 
 
 class Timer(Role):
     """The timer thread of one worker process (see the module docstring).
 
     queues: the queues this process serves; on_due(queue): called when a scheduled row
-    of that queue came due (the supervisor pokes that queue's scheduler).
+    of that queue came due (the supervisor pokes that queue's scheduler); schedules:
+    name -> schedules.Schedule, the cron schedules this process fires when due.
     """
 
     name = "timer"
 
-    def __init__(self, queues, on_due, using=None):
+    def __init__(self, queues, on_due, using=None, schedules=None):
         self.queues = sorted(queues)
         self.on_due = on_due
         self.using = using
+        self.schedules = dict(schedules or {})
         self._poke = threading.Event()
         self._targets: dict = {}  # queue -> time.monotonic() instant its next row is due
         self._last_read = -math.inf
@@ -84,23 +97,31 @@ class Timer(Role):
             if at <= now:
                 del self._targets[queue]
                 self.on_due(queue)
-        awaits, due = self._read()
-        if awaits is not None and awaits <= 0:
-            self.fired += len(expire_awaits(self.using))
-            awaits, due = self._read()
+        awaits, due, ticks = self._read()
+        if (awaits is not None and awaits <= 0) or (ticks is not None and ticks <= 0):
             if awaits is not None and awaits <= 0:
-                awaits = RETRY  # locked by another process's sweep right now: look again soon
+                self.fired += len(expire_awaits(self.using))
+            if ticks is not None and ticks <= 0:
+                fire_due(self.schedules, self.using)
+            awaits, due, ticks = self._read()
+            # Still due: locked by another process firing them right now; look again soon.
+            if awaits is not None and awaits <= 0:
+                awaits = RETRY
+            if ticks is not None and ticks <= 0:
+                ticks = RETRY
         now = time.monotonic()
         self._targets = {q: now + s + LEAD for q, s in due.items()}
         waits = [s + LEAD for s in due.values()]
         if awaits is not None:
             waits.append(max(awaits, 0.0) + LEAD)
+        if ticks is not None:
+            waits.append(max(ticks, 0.0) + LEAD)
         return min(waits + [MAX_SLEEP])
 
     def _read(self):
         self._last_read = time.monotonic()
         self.reads += 1
-        return next_timers(self.queues, self.using)
+        return next_timers(self.queues, self.using, self.schedules)
 
     def _loop(self):
         while not self._stop.is_set():

@@ -66,7 +66,7 @@ def test_next_timers_reads_the_earliest_await_and_future_row_per_queue(queue_nam
                     "('tests.Plain', 'start', 'awaiting_signal', %s, now() + interval '12 s'), "
                     "('tests.Plain', 'start', 'awaiting_signal', %s, now() + interval '3 s')",
                     [queue_name, other])
-    awaits, due = next_timers([queue_name])
+    awaits, due, _ = next_timers([queue_name])
     assert 2 < awaits <= 3  # any queue's deadline: every worker fires them
     assert set(due) == {queue_name} and 19 < due[queue_name] <= 20
     assert next_timers(["nothing-here"])[1] == {}

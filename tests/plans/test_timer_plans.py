@@ -28,13 +28,15 @@ def test_next_deadline_read_is_index_probes_not_a_scan(_seeded, db):  # noqa: F8
         cur.execute(EXTRA, {})
         cur.execute("ANALYZE gen_durable")
         cur.execute("SET LOCAL plan_cache_mode = force_custom_plan")
-        cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql.NEXT_TIMERS, {"queues": "{q0,q1,q2}"})
+        cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql.NEXT_TIMERS, {"queues": "{q0,q1,q2}", "schedules": "{nightly}"})
         raw = cur.fetchone()[0]
     p = (json.loads(raw) if isinstance(raw, str) else raw)[0]["Plan"]
     assert seq_scans_of_instances(p) == []
     assert {"gen_durable_await_deadline", "gen_durable_pick"} <= index_scans(p)
     # Flat: every probe of the instance table hands back at most one row per loop, and
     # there are a few loops per (queue, priority) — never a walk over the armed rows.
+    assert "gen_durable_schedules_pkey" in index_scans(p) or any(
+        n.get("Relation Name") == "gen_durable_schedules" for n in nodes(p))
     for n in nodes(p):
         if n.get("Relation Name") == "gen_durable":
             assert n["Actual Rows"] <= 1, (n["Node Type"], n.get("Index Name"), n["Actual Rows"])
