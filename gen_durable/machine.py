@@ -101,6 +101,9 @@ class Machine:
     queue: ClassVar[str] = "default"
     initial: ClassVar[str] = "start"
     inline_execution: ClassVar[bool] = False
+    # Runs of one step at most (Retry outcomes and re-runs after the worker died in it
+    # count alike); None: no limit. Jobs default to 20.
+    max_attempts: ClassVar[int | None] = None
     State: ClassVar[Any] = None
     steps: ClassVar[dict] = {}
     timeouts: ClassVar[dict] = {}  # step name -> seconds or None (see @step)
@@ -116,6 +119,9 @@ class Machine:
         if not isinstance(cls.inline_execution, bool):
             raise InvalidInput(f"{cls.__qualname__}.inline_execution must be True or False, "
                                f"got {cls.inline_execution!r}")
+        if cls.max_attempts is not None and (not isinstance(cls.max_attempts, int)
+                                             or isinstance(cls.max_attempts, bool) or cls.max_attempts < 1):
+            raise InvalidInput(f"{cls.__qualname__}.max_attempts must be an int >= 1 or None")
         if not isinstance(cls.queue, str) or not cls.queue:
             raise InvalidInput(f"{cls.__qualname__}.queue must be a non-empty string")
         cls.steps = cls._collect_steps()

@@ -1,4 +1,7 @@
 -- reap: return rows whose lease expired to runnable, attempt + 1.
+-- The worker died, was killed or stalled inside the step: last_error says so, and the
+-- attempt counts, so a step that kills its own process reaches its machine's max_attempts
+-- (the executor fails a row claimed at attempt >= max_attempts without running it).
 -- Spec: SPEC §4.9, §10.6 (clear the shard too); behaviours LSE-03, LSE-07.
 -- Params: limit int (rows per statement; the reaper loops while a batch fills).
 -- Index: gen_durable_lease (lease_expires_at) WHERE status = 'executing' — cost tracks
@@ -16,6 +19,8 @@ WITH expired AS (
     UPDATE gen_durable g
     SET status = 'runnable', locked_by = NULL, lease_expires_at = NULL,
         concurrency_shard = NULL, attempt = g.attempt + 1, eligible_at = now(),
+        last_error = format('the worker died or lost its lease during step %%s (attempt %%s)',
+                            g.step, g.attempt + 1),
         updated_at = now(),
         -- A row that keeps an attempt_log (Django tasks) records the lost attempt too.
         attempt_log = CASE WHEN g.attempt_log IS NULL THEN NULL

@@ -118,10 +118,26 @@ def _no_step(cls, job):
     return stop_entry(job, f"{cls.name} version {cls.version} has no step {job.step!r}")
 
 
+def _exhausted(cls, job):
+    """The Stop of a row claimed at its machine's max_attempts, else None.
+
+    Outcomes never retry past the limit, so the last attempt ended with no outcome: the
+    reaper (or a shutdown) returned it. A step that kills its own process (os._exit, a
+    segfault, the OOM killer) would otherwise run forever.
+    """
+    limit = cls.max_attempts
+    if limit is None or job.attempt < limit:
+        return None
+    return stop_entry(job, f"step {job.step!r} reached max_attempts ({limit}): its last attempt "
+                           "ended without an outcome (the worker died, was killed or stalled in it)")
+
+
 def _run(cls, job: Claimed, inline: bool = False) -> Entry:
     method, machine, ctx, awaited = _prepare(cls, job)
     if method is None:
         return _no_step(cls, job)
+    if (exhausted := _exhausted(cls, job)) is not None:
+        return exhausted
     try:
         if cls.State is not None:
             ctx.state = load_typed(cls.State, job.state)
@@ -165,6 +181,8 @@ async def _arun(cls, job: Claimed, inline: bool = False) -> Entry:
     method, machine, ctx, awaited = _prepare(cls, job)
     if method is None:
         return _no_step(cls, job)
+    if (exhausted := _exhausted(cls, job)) is not None:
+        return exhausted
     timeout = step_timeout(cls, job.step)
     budget = None
     started = time.monotonic()

@@ -58,14 +58,25 @@ def expire_awaits(using=None) -> list[int]:
 def gc(retention: float, batch: int, using=None, limiter=None) -> int:
     """Delete terminal rows older than `retention` seconds, `batch` ids per statement pair.
 
-    A full batch is followed at once by another (behaviours GC-03). Returns rows deleted.
+    A full batch is followed at once by another (behaviours GC-03). A parent one of
+    whose children is locked elsewhere at that moment is left for a later sweep.
+    Returns rows deleted.
     """
     deleted = 0
     while True:
-        ids = [r[0] for r in db.fetchall(sql.GC_SELECT, {"retention": float(retention), "batch": batch}, using)]
-        if ids:
-            deleted += db.execute(sql.GC_DELETE, {"ids": db.pg_array(ids)}, using)
-        if len(ids) < batch:
+        # One transaction per batch: lock the batch (SKIP LOCKED), lock the children its
+        # delete will rewrite (SKIP LOCKED), delete. Nothing here ever waits on a lock,
+        # so no GC pass is part of a deadlock (docs/reliability.md "Deadlocks").
+        with transaction.atomic(using=database_alias(using)):
+            rows = db.fetchall(sql.GC_SELECT, {"retention": float(retention), "batch": batch}, using)
+            ids = [r[0] for r in rows]
+            parents = [r[0] for r in rows if r[1]]
+            if parents:
+                busy = {r[0] for r in db.fetchall(sql.GC_CHILDREN, {"ids": db.pg_array(parents)}, using)}
+                ids = [i for i in ids if i not in busy]  # a child is held elsewhere: a later sweep
+            if ids:
+                deleted += db.execute(sql.GC_DELETE, {"ids": db.pg_array(ids)}, using)
+        if len(rows) < batch:
             break
     healed = limiter.reconcile() if limiter is not None else {"buckets": 0, "gates": 0}
     if deleted or healed.get("buckets") or healed.get("gates"):

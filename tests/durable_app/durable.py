@@ -211,3 +211,4 @@ class SlowCounter(gd.Machine):
 from . import inline_machines  # noqa: E402,F401  (registered for worker subprocesses too)
 from . import async_machines  # noqa: E402,F401
 from . import limit_machines  # noqa: E402,F401  (registered for worker subprocesses too)
+from tests.durable_app import supervision_machines  # noqa: E402,F401  (supervision and fault tests)

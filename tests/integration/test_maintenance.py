@@ -7,9 +7,11 @@ import psycopg
 import pytest
 from django.db import connection
 
+import gen_durable as gd
 from gen_durable import db as gd_db
 from gen_durable.models import Instance
 from gen_durable.worker import claims, maintenance
+from tests.conftest import wait_until
 from tests.factories import InstanceFactory, TerminalFactory
 
 RETENTION = 3600.0
@@ -159,3 +161,55 @@ def test_gc_and_reaper_run_in_two_threads_at_once(committed, queue_name):
     assert sorted(reaped) == sorted(expired)  # each expired lease reaped exactly once
     assert set(Instance.objects.values_list("status", flat=True)) == {"runnable"}
     assert set(Instance.objects.values_list("attempt", flat=True)) == {1}
+
+
+# --- a step whose worker dies ----------------------------------------------------------
+
+def test_reaped_row_records_that_its_worker_died_in_the_step(committed, queue_name):
+    row = InstanceFactory(queue=queue_name, step="perform")
+    claims.pick(queue_name, 1, "dead-worker", -1)
+    assert maintenance.reap() == [row.id]
+    r = Instance.objects.get(id=row.id)
+    assert (r.status, r.attempt) == ("runnable", 1)
+    assert r.last_error == "the worker died or lost its lease during step perform (attempt 1)"
+
+
+def test_a_job_whose_worker_keeps_dying_fails_at_max_attempts_without_another_run(
+        committed, engine, queue_name, tmp_path):
+    """A job that kills its own process is reaped again and again; each reap counts an
+    attempt, and the claim at attempt == max_attempts fails the row instead of running
+    the body (which would take the worker down once more). On main it ran forever."""
+    from tests.durable_app.supervision_machines import DiesInStep
+
+    log = tmp_path / "runs.log"
+    rid = gd.insert(DiesInStep, args={"log": str(log)}, queue=queue_name)
+    for _ in range(DiesInStep.max_attempts):  # each: claimed, then the worker died in it
+        assert [j.id for j in claims.pick(queue_name, 1, "dead-worker", -1)] == [rid]
+        assert maintenance.reap() == [rid]
+    engine({queue_name: 1}, reaper=False, gc=False)
+    wait_until(lambda: Instance.objects.get(id=rid).status == "failed", timeout=20, what="the row failed")
+    r = Instance.objects.get(id=rid)
+    assert r.attempt == DiesInStep.max_attempts
+    assert "reached max_attempts (3)" in r.last_error and "the worker died" in r.last_error
+    assert not log.exists()  # the body did not run a fourth time
+
+
+def test_a_job_below_max_attempts_is_run_again_after_its_worker_died(committed, engine, queue_name, tmp_path):
+    from tests.durable_app.supervision_machines import DiesInStep
+
+    log = tmp_path / "runs.log"
+    rid = gd.insert(DiesInStep, args={"log": str(log)}, queue=queue_name)
+    for _ in range(DiesInStep.max_attempts - 1):
+        claims.pick(queue_name, 1, "dead-worker", -1)
+        maintenance.reap()
+    engine({queue_name: 1}, reaper=False, gc=False)
+    wait_until(lambda: Instance.objects.get(id=rid).status == "done", timeout=20, what="the row done")
+    assert Instance.objects.get(id=rid).result == {"attempt": DiesInStep.max_attempts - 1}
+
+
+def test_machine_max_attempts_must_be_a_positive_int_or_none():
+    from gen_durable.exceptions import InvalidInput
+
+    with pytest.raises(InvalidInput, match="max_attempts must be an int >= 1 or None"):
+        type("BadLimit", (gd.Machine,), {"name": "tests.BadLimit", "max_attempts": 0, "__module__": __name__,
+                                         "start": gd.step(lambda self, ctx: gd.Done())})
