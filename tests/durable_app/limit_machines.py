@@ -1,5 +1,6 @@
 """Machines of the limiter tests (imported by durable.py, so worker subprocesses have them)."""
 
+import os
 import time
 
 from django.db import connection
@@ -8,8 +9,8 @@ import gen_durable as gd
 
 
 class Gated(gd.Machine):
-    """One step that marks itself running in the side table gd_test_running (when
-    state["track"]), sleeps state["sleep"] seconds, and is done."""
+    """One step that marks itself running in the side table gd_test_running (id, tag,
+    pid) when state["track"] is a tag, sleeps state["sleep"] seconds, and is done."""
 
     name = "tests.Gated"
 
@@ -18,7 +19,10 @@ class Gated(gd.Machine):
         track = ctx.state.get("track")
         if track:
             with connection.cursor() as cur:
-                cur.execute("INSERT INTO gd_test_running (id, tag) VALUES (%s, %s)", [ctx.id, track])
+                # ON CONFLICT: a re-run after a worker died mid-step replaces its row.
+                cur.execute("INSERT INTO gd_test_running (id, tag, pid) VALUES (%s, %s, %s) "
+                            "ON CONFLICT (id) DO UPDATE SET tag = EXCLUDED.tag, pid = EXCLUDED.pid",
+                            [ctx.id, track, os.getpid()])
         try:
             time.sleep(ctx.state.get("sleep", 0))
         finally:
