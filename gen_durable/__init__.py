@@ -21,6 +21,7 @@ from .exceptions import (
 from .machine import Context, Job, Machine, job, step
 from .results import Result, Snapshot, aawait_result, aget, await_result, get
 from .outcomes import Await, Cancel, Child, Done, Error, Next, Retry, ScheduleChildren, Spec, Stop
+from .producer import Producer, flush_async, insert_async
 
 __all__ = [
     "Await", "Cancel", "Child", "Context", "Done", "DuplicateInstance", "Error", "GenDurableError",
@@ -29,5 +30,5 @@ __all__ = [
     "Result", "Snapshot", "aawait_result", "acancel", "aget", "ainsert", "ainsert_all", "asignal",
     "await_result", "cancel", "get", "insert", "insert_all", "job", "signal", "step",
     "apause_queue", "apaused_queues", "aresume_queue", "aretry", "pause_queue", "paused_queues",
-    "resume_queue", "retry",
+    "resume_queue", "retry", "Producer", "flush_async", "insert_async",
 ]

@@ -7,10 +7,12 @@ One function per concern; each failure names the key and carries a hint. They ru
 from __future__ import annotations
 
 import difflib
+import math
 import numbers
 
 from django.conf import settings as django_settings
 from django.core.checks import Error, Tags, Warning, register
+from django.utils.module_loading import import_string
 
 from .conf import DEFAULTS, get_settings, user_settings
 
@@ -182,6 +184,46 @@ def check_schedules(app_configs=None, **kwargs):
                                 hint="Schedule names are unique; a machine's own schedule is named after it.",
                                 id=ID + "E021"))
         seen.setdefault(name, where)
+    return errors
+
+
+@register(Tags.compatibility)
+def check_producer(app_configs=None, **kwargs):
+    """E015: PRODUCER (gd.insert_async's buffer): sizes, delay and an importable ON_ERROR."""
+    value = get_settings().PRODUCER
+    keys = ("MAX_BATCH", "MAX_DELAY", "MAX_BUFFER", "ON_ERROR")
+    if not isinstance(value, dict):
+        return [Error(f"GEN_DURABLE['PRODUCER'] must be a dict, got {value!r}.",
+                      hint='For example {"MAX_BATCH": 1000, "MAX_DELAY": 0.1}.', id=ID + "E015")]
+    errors = []
+    for k, v in value.items():
+        if k not in keys:
+            close = difflib.get_close_matches(str(k), keys, n=1)
+            errors.append(Error(f"GEN_DURABLE['PRODUCER'] has an unknown key {k!r}.",
+                                hint=f"Did you mean {close[0]!r}?" if close else f"Keys: {', '.join(keys)}.",
+                                id=ID + "E015"))
+        elif k in ("MAX_BATCH", "MAX_BUFFER") and not _int(v, minimum=1):
+            errors.append(Error(f"GEN_DURABLE['PRODUCER']['{k}'] must be an int >= 1, got {v!r}.",
+                                hint="Rows per insert_all (MAX_BATCH) / rows queued at most (MAX_BUFFER).",
+                                id=ID + "E015"))
+        elif k == "MAX_DELAY" and not (_num(v) and math.isfinite(v)):
+            errors.append(Error(f"GEN_DURABLE['PRODUCER']['MAX_DELAY'] must be seconds >= 0, got {v!r}.",
+                                hint="How long a queued row may wait for its batch to fill.", id=ID + "E015"))
+        elif k == "ON_ERROR" and v is not None:
+            try:
+                fn = import_string(v) if isinstance(v, str) else None
+            except ImportError as exc:
+                fn, why = None, str(exc)
+            else:
+                why = "" if callable(fn) else "it is not a dotted path to a callable"
+            if not callable(fn):
+                why = why or f"{v!r} is not a dotted path to a callable"
+                errors.append(Error(f"GEN_DURABLE['PRODUCER']['ON_ERROR'] cannot be used: {why}.",
+                                    hint="A dotted path to a function on_error(error, specs), or None.",
+                                    id=ID + "E015"))
+    if not errors and value["MAX_BUFFER"] < value["MAX_BATCH"]:
+        errors.append(Error("GEN_DURABLE['PRODUCER']['MAX_BUFFER'] is below MAX_BATCH.",
+                            hint="The queue must hold at least one batch.", id=ID + "E015"))
     return errors
 
 

@@ -41,12 +41,16 @@ DEFAULTS: dict[str, Any] = {
     # Cron schedules: name -> {"cron", "machine", "state", "timezone", "catch_up"}
     # (gen_durable/schedules.py, docs/guide.md "Time").
     "SCHEDULES": {},
+    # gd.insert_async's buffered producer (gen_durable/producer.py): rows per insert_all,
+    # seconds a row may wait for its batch, rows queued at most, an optional dotted path
+    # to on_error(error, specs).
+    "PRODUCER": {"MAX_BATCH": 1000, "MAX_DELAY": 0.1, "MAX_BUFFER": 10000, "ON_ERROR": None},
     # Not in SPEC §2's table: the largest encoded state/result/payload accepted (§9).
     "MAX_PAYLOAD_BYTES": 1_048_576,
 }
 
 # Keys whose dict values merge over the defaults (a partial FLUSH keeps MAX_DELAY).
-NESTED = ("FLUSH", "REAPER", "GC", "INLINE")
+NESTED = ("FLUSH", "REAPER", "GC", "INLINE", "PRODUCER")
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,7 @@ class Settings:
     INLINE: dict
     MAX_STEP_SECONDS: Any
     SCHEDULES: Any
+    PRODUCER: dict
     MAX_PAYLOAD_BYTES: int
     unknown: tuple = field(default=())
 

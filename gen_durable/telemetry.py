@@ -25,6 +25,8 @@ never breaks the engine. `duration` measurements are seconds (float).
 | gc.swept               | count, buckets, gates                     |                       |
 | flush.stop             | count, stale, duration                    |                       |
 | flush.error            | count                                     | error                 |
+| producer.flush         | count, duplicates, duration               |                       |
+| producer.error         | count                                     | error                 |
 | inline.continue        | steps (of the chain so far)               | id, fsm, from, to     |
 | inline.yield           | steps                                     | id, fsm, step, reason |
 | rate_limit.throttled   | wanted, granted                           | key, queue            |
@@ -50,6 +52,7 @@ EVENTS = (
     "step.stop", "pick.stop", "scheduler.saturation", "scheduler.drain", "scheduler.reclaimed",
     "concurrency.contended", "concurrency.throttled", "outcome.stale", "reaper.reaped",
     "await.timeout", "step.timeout", "schedule.fired", "schedule.skipped", "gc.swept", "flush.stop", "flush.error", "inline.continue", "inline.yield",
+    "producer.flush", "producer.error",
     "rate_limit.throttled",
     "rate_limit.contended", "rate_limit.unknown",
 )

@@ -3,7 +3,7 @@
 Connections (SPEC §4.13): each role has its own Django connection (Django keeps one
 per thread), so heartbeats and commits never wait behind step work:
     per process = Σ queue concurrency (sync step threads, started on demand, only if
-                  their steps use the DB or continue inline)
+                  their steps use the DB)
                 + 1 for all async steps (Django's shared sync_to_async thread)
                 + queues (one scheduler each) + 1 flusher + 1 heartbeat + 1 listener
                 + 1 timer + 1 reaper + 1 GC (when enabled here)
