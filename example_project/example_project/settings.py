@@ -82,6 +82,16 @@ GEN_DURABLE = {
 # PREFETCH, MIN_DEMAND, FLUSH this way): GEN_DURABLE_JSON='{"PREFETCH": 50}'.
 GEN_DURABLE.update(env.json("GEN_DURABLE_JSON", default={}))
 
+# Django's Tasks framework on gen_durable (shop/tasks.py): tasks share the engine's
+# queues; a task that raises is retried up to 3 attempts in all.
+TASKS = {
+    "default": {
+        "BACKEND": "gen_durable.tasks.GenDurableBackend",
+        "QUEUES": ["default", "email"],
+        "OPTIONS": {"MAX_ATTEMPTS": 3},
+    },
+}
+
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},

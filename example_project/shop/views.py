@@ -7,6 +7,9 @@
                                            → 202 {"signal_id", "duplicate"}; 404 no live order
     GET  /orders/<id>/result/?timeout=5&until=settled|terminal
                                            → 200 {"id", "status", "result", "error", "step", ...}
+    POST /orders/<order_key>/receipt-copy/ {"email": "..."}: a Django task (shop/tasks.py)
+                                           → 202 {"task_id", "status", "task_url"}
+    GET  /tasks/<task_id>/                 → 200 the task's TaskResult as JSON; 404 unknown
 
 The demo endpoints are CSRF-exempt: they are called by machines (a payment provider, a
 script), not by a browser with a session. Authenticate real webhooks (signatures).
@@ -23,8 +26,11 @@ from django.views.decorators.http import require_GET, require_POST
 
 import gen_durable as gd
 
+from gen_durable.tasks import TaskResultDoesNotExist
+
 from . import catalogue
 from .durable import PAYMENT_TIMEOUT, Order
+from .tasks import send_receipt_copy
 
 MAX_WAIT = 30.0  # seconds a result request may hold its connection
 
@@ -120,4 +126,35 @@ def order_result(request, instance_id):
         "row_status": snap.status,
         "attempt": snap.attempt,
         "order_key": snap.correlation_key,
+    })
+
+
+@csrf_exempt
+@require_POST
+def receipt_copy(request, order_key):
+    """Enqueue the Django task `send_receipt_copy` (one INSERT; visible to workers on commit)."""
+    try:
+        body = _body(request)
+        result = send_receipt_copy.enqueue(order_key, body.get("email"))
+    except (ValueError, TypeError) as exc:  # a body that is not JSON, arguments that are not JSON
+        return _error(400, str(exc))
+    return JsonResponse({"task_id": result.id, "status": result.status,
+                         "task_url": reverse("shop-task-result", args=[result.id])}, status=202)
+
+
+@require_GET
+def task_result(request, task_id):
+    """The TaskResult of a `send_receipt_copy` task, read from its row."""
+    try:
+        result = send_receipt_copy.get_result(task_id)
+    except TaskResultDoesNotExist:
+        return _error(404, f"no task {task_id}")
+    return JsonResponse({
+        "task_id": result.id,
+        "status": result.status,
+        "return_value": result.return_value if result.status == "SUCCESSFUL" else None,
+        "errors": [{"exception": e.exception_class_path, "traceback": e.traceback} for e in result.errors],
+        "attempts": result.attempts,
+        "worker_ids": result.worker_ids,
+        "enqueued_at": result.enqueued_at, "started_at": result.started_at, "finished_at": result.finished_at,
     })

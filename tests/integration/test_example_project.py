@@ -18,12 +18,15 @@ from django.test import Client, override_settings
 import gen_durable as gd
 from gen_durable import registry
 from gen_durable.testing import assert_awaiting, assert_done, assert_failed, drain, fire_timeouts
+from gen_durable.tasks import machine_for
 from shop.durable import InlinePipeline, Order, Pipeline, ShipParcel, Waiter, noop, send_receipt
+from shop.tasks import send_receipt_copy
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "example_project"
 SHOP_MACHINES = {Order: "shop.Order", ShipParcel: "shop.ShipParcel", Pipeline: "shop.Pipeline",
                  send_receipt: "shop.send_receipt", noop: "shop.noop",
-                 Waiter: "shop.Waiter", InlinePipeline: "shop.InlinePipeline"}
+                 Waiter: "shop.Waiter", InlinePipeline: "shop.InlinePipeline",
+                 machine_for(send_receipt_copy): "shop.tasks.send_receipt_copy"}
 
 shop_urls = override_settings(ROOT_URLCONF="shop.urls")
 
@@ -105,6 +108,29 @@ def test_order_flows_to_done_through_the_webhook_view():
     # A finished order takes no more webhooks; a second order with the same number is refused.
     assert post(client, order["webhook_url"], hook).status_code == 404
     assert post(client, "/orders/", {"number": "t-100"}).status_code == 201  # the key is free once done
+
+
+@pytest.mark.django_db
+@shop_urls
+def test_a_view_enqueues_a_django_task_and_reads_its_result():
+    client = Client()
+    resp = post(client, "/orders/order:t-150/receipt-copy/", {"email": "bo@example.com"})
+    assert resp.status_code == 202, resp.content
+    queued = resp.json()
+    assert queued["status"] == "READY" and queued["task_url"] == f"/tasks/{queued['task_id']}/"
+    assert client.get(queued["task_url"]).json()["status"] == "READY"
+    assert drain("default")["done"] == 1
+    done = client.get(queued["task_url"]).json()
+    assert done["status"] == "SUCCESSFUL" and done["attempts"] == 1 and done["errors"] == []
+    assert done["return_value"] == {"sent_to": "bo@example.com", "order_key": "order:t-150", "attempt": 1}
+
+    bad = post(client, "/orders/order:t-150/receipt-copy/", {"email": "nobody"}).json()
+    drain("default")  # the default backend of tests.settings does not retry
+    failed = client.get(bad["task_url"]).json()
+    assert failed["status"] == "FAILED" and failed["errors"][0]["exception"] == "builtins.ValueError"
+    assert client.get("/tasks/999999999/").status_code == 404
+    assert client.post("/orders/order:t-150/receipt-copy/", "not json",
+                       content_type="application/json").status_code == 400
 
 
 @pytest.mark.django_db
