@@ -10,7 +10,7 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-    dependencies = [("gen_durable", "0002_queue_pauses_and_worker_registry")]
+    dependencies = [("gen_durable", "0003_cron_schedules")]
 
     operations = [
         migrations.RunSQL(
