@@ -19,11 +19,10 @@ from .exceptions import DuplicateInstance, InvalidInput, NoTarget
 from .limiter.config import get_limits
 from .machine import Machine
 from .statuses import LIVE_STATUSES, Status
-from .outcomes import Spec, key_string, seconds, text
+from .outcomes import Spec, key_string, reason_text, seconds, text, weight_value
 
 SMALLINT = (-32768, 32767)
 STATUSES = frozenset(Status.values)
-MAX_DELAY = 10 * 365 * 86400.0  # seconds; beyond this a delay is a bug, not a schedule
 
 
 def resolve_machine(machine) -> type[Machine]:
@@ -42,6 +41,13 @@ def _aware(value, what):
         raise InvalidInput(f"{what} must be an aware datetime, got {value!r}")
     if value.tzinfo is None or value.utcoffset() is None:
         raise InvalidInput(f"{what} must be timezone-aware (naive datetimes are ambiguous); got {value!r}")
+    try:
+        # Postgres stores the UTC instant; one outside Python's years 1..9999 (year 1
+        # with a positive offset is year 0 in UTC) would be stored but never read back.
+        value.astimezone(dt.timezone.utc)
+    except (OverflowError, ValueError):
+        raise InvalidInput(f"{what} {value!r} is outside the years 1..9999 in UTC, which "
+                           "Postgres can store but Python cannot read back") from None
     return value
 
 
@@ -89,7 +95,7 @@ def build_row(machine, *, state=None, args=None, step=None, queue=None, priority
         raise InvalidInput(f"priority must be an int in [{SMALLINT[0]}, {SMALLINT[1]}] (lower runs first), got {priority!r}")
     priority = int(priority)  # an IntEnum renders as its name otherwise
     at = _aware(eligible_at, "eligible_at") or _aware(schedule_at, "schedule_at")
-    delay = 0.0 if schedule_in is None else min(seconds(schedule_in, "schedule_in"), MAX_DELAY)
+    delay = 0.0 if schedule_in is None else seconds(schedule_in, "schedule_in")
     if correlation_key is not None:
         text(correlation_key, "correlation_key")
     if correlation_scope is None:
@@ -101,8 +107,7 @@ def build_row(machine, *, state=None, args=None, step=None, queue=None, priority
         bad = [s for s in scope if s not in STATUSES]
         if bad:
             raise InvalidInput(f"correlation_scope has unknown statuses {bad}; valid: {sorted(STATUSES)}")
-    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
-        raise InvalidInput(f"weight must be a number > 0, got {weight!r}")
+    weight = weight_value(weight)
     rate_limit = key_string(rate_limit, "rate_limit")
     limit = get_limits().rate_for(rate_limit)
     if limit is not None and weight > limit.burst:
@@ -278,9 +283,7 @@ def cancel(target, reason: str = "cancelled", *, using=None) -> int:
     from .results import target_params
 
     params = target_params(target)
-    from .codec import clean_text
-
-    params["reason"] = clean_text(reason if isinstance(reason, str) else "cancelled" if reason is None else repr(reason))
+    params["reason"] = reason_text("cancelled" if reason is None else reason, "cancel reason")
     from contextlib import nullcontext
 
     from django.db import transaction

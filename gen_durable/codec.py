@@ -63,6 +63,21 @@ def clean_text(text: str) -> str:
     return text
 
 
+def safe_repr(value, fn=repr) -> str:
+    """`fn(value)` (repr or str) for messages; never raises, whatever the object does."""
+    try:
+        text = fn(value)
+        if not isinstance(text, str):
+            raise TypeError(f"{fn.__name__}() returned {type(text).__name__}")
+        return text
+    except BaseException as exc:  # noqa: BLE001 - user objects may raise anything
+        try:
+            name = type(value).__qualname__
+        except BaseException:  # noqa: BLE001
+            name = "object"
+        return f"<{name} ({fn.__name__}() raised {type(exc).__name__})>"
+
+
 def encode(value, what: str, limit: int | None = None) -> str:
     """Encode `value` as JSON text; raise SerializationError naming `what` on failure.
 
@@ -73,6 +88,9 @@ def encode(value, what: str, limit: int | None = None) -> str:
         size = len(text.encode("utf-8"))
     except (TypeError, ValueError) as exc:  # UnicodeEncodeError is a ValueError
         raise SerializationError(f"{what} is not JSON-serialisable: {exc}") from exc
+    except RecursionError:  # a cycle the encoder missed, or nesting deeper than Python recurses
+        raise SerializationError(f"{what} is nested too deeply to encode as JSON "
+                                 "(keep states and payloads to a few dozen levels)") from None
     if "\\u0000" in text and _NUL.search(text):
         raise SerializationError(f"{what} contains a NUL character (\\x00), which Postgres jsonb cannot store")
     if limit is not None and size > limit:

@@ -7,9 +7,13 @@ OPTIONS server_side_binding + prepare_threshold — are prepared once per connec
 
 from __future__ import annotations
 
+import logging
+
 from django.db import connections
 
 from .conf import database_alias
+
+logger = logging.getLogger("gen_durable.db")
 
 
 def connection(using: str | None = None):
@@ -72,3 +76,109 @@ def pg_array(values) -> str:
         else:  # datetime and friends
             out.append('"' + v.isoformat() + '"')
     return "{" + ",".join(out) + "}"
+
+
+# --- error classification ----------------------------------------------------------
+
+# SQLSTATEs after which the session is gone or unusable: class 08 (connection
+# exception), the server shutting down or refusing sessions (57P01-57P03), no
+# connection slot (53300), and a session that landed on a read-only standby (25006,
+# after a failover). Everything else — data (22), integrity (23), program limits (54),
+# syntax/rules (42), … — is a property of the statement and its values: the same
+# connection is fine for other statements.
+CONNECTION_SQLSTATES = frozenset({"57P01", "57P02", "57P03", "53300", "25006"})
+
+
+def _sqlstate(exc: BaseException) -> str | None:
+    seen = 0
+    while exc is not None and seen < 8:  # Django wraps the driver's error as __cause__
+        state = getattr(exc, "sqlstate", None)
+        if state:
+            return state
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None
+
+
+def is_connection_error(exc: BaseException) -> bool:
+    """True when `exc` means the database session is lost or unusable; False for errors
+    that belong to a statement or its values (data, integrity, limits, syntax…).
+
+    The one classification the engine uses wherever it decides between "reconnect and
+    try again later" and "this statement's data is bad" (the flusher's per-outcome
+    retry, reconnect decisions). Rules: an error carrying a SQLSTATE is a connection
+    error iff its class is 08 or it is one of CONNECTION_SQLSTATES; a driver error
+    without a SQLSTATE (the socket broke, the connection is closed) is one iff it is an
+    OperationalError or InterfaceError; any other exception is not.
+    """
+    from django.db import InterfaceError, OperationalError
+    import psycopg
+
+    state = _sqlstate(exc)
+    if state is not None:
+        return state.startswith("08") or state in CONNECTION_SQLSTATES
+    return isinstance(exc, (OperationalError, InterfaceError, psycopg.OperationalError, psycopg.InterfaceError))
+
+
+# SQLSTATEs that say "try the same thing again": serialization failure, deadlock,
+# lock not available (lock_timeout), statement cancelled (statement_timeout).
+TRANSIENT_SQLSTATES = frozenset({"40001", "40P01", "55P03", "57014"})
+
+
+def is_transient_error(exc: BaseException) -> bool:
+    """True for a connection error or a statement that may succeed when retried as is."""
+    return is_connection_error(exc) or _sqlstate(exc) in TRANSIENT_SQLSTATES
+
+
+# --- the connection state user code leaves behind ------------------------------------
+
+
+def _dangling(conn) -> bool:
+    """Whether `conn` is inside a transaction its owner never finished."""
+    if conn.in_atomic_block or conn.closed_in_transaction:
+        return True
+    raw = conn.connection
+    if raw is None:
+        return False
+    if not conn.autocommit:  # transaction.set_autocommit(False) left behind
+        return True
+    try:
+        from psycopg.pq import TransactionStatus
+
+        return raw.info.transaction_status in (TransactionStatus.INTRANS, TransactionStatus.INERROR)
+    except Exception:  # a broken connection: close_old_connections() deals with it
+        return False
+
+
+def thread_is_clean() -> bool:
+    """True when none of this thread's open connections is inside a transaction.
+
+    The engine's step threads start every step clean; `drain()` inside a test's
+    `transaction.atomic()` does not, and is then left alone by `discard_dangling`.
+    """
+    return not any(_dangling(c) for c in connections.all(initialized_only=True))
+
+
+def discard_dangling(where: str) -> list[str]:
+    """Restore this thread's connections after user code (a step, `handle()`).
+
+    A connection left inside an atomic block, a raw `BEGIN`, a failed transaction or
+    with autocommit off is closed — which rolls its transaction back on the server —
+    and forgotten, so the next statement of this thread opens a fresh one instead of
+    writing into a transaction nobody will commit (or failing with "connection is
+    closed"). Logs a warning naming `where` (machine and step). Returns the aliases
+    discarded. Call only when the thread was clean before the user code ran.
+    """
+    discarded = []
+    for conn in connections.all(initialized_only=True):
+        if not _dangling(conn):
+            continue
+        discarded.append(conn.alias)
+        logger.warning("%s left a transaction open on database %r; it was rolled back and the "
+                       "connection discarded (its writes since the transaction began are lost)",
+                       where, conn.alias)
+        try:
+            conn.close()  # closes the socket: the server rolls the transaction back
+        except Exception:
+            logger.debug("closing the dangling connection %r failed", conn.alias, exc_info=True)
+        del connections[conn.alias]  # the wrapper's atomic state is gone with it
+    return discarded

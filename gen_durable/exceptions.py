@@ -82,3 +82,12 @@ class LeaseExpired(GenDurableError):
 
     Never raised: it names that cause in a Django task's `TaskResult.errors`.
     """
+
+
+class TransactionLeftOpen(GenDurableError, RuntimeError):
+    """A step (or `handle`) returned with a database transaction still open.
+
+    The engine rolled it back and discarded the connection, so the step's writes since
+    the transaction began are lost; the step is treated as failed (`handle()` sees this
+    error). Close every `transaction.atomic()` and raw `BEGIN` before returning.
+    """

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import inspect
 import random
+from datetime import timedelta
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple
 
 from . import registry
 from .exceptions import InvalidInput
-from .outcomes import Cancel, Done, Error, Retry, Stop
+from .outcomes import MAX_DELAY, Cancel, Done, Error, Retry, Stop, describe, seconds
 
 MAX_BACKOFF = 300.0  # seconds: the default backoff's cap (SPEC §1 Jobs)
 
@@ -147,10 +148,12 @@ class Machine:
         return {name: getattr(getattr(cls, attr), "_gd_timeout", None) for name, attr in cls.steps.items()}
 
     def handle(self, error: BaseException, ctx: Context):
-        """Turn an exception raised by a step into an outcome. Default: Stop(repr(error)).
+        """Turn an exception raised by a step into an outcome. Default: Stop(repr(error))
+        (a repr that raises is replaced by a description of the type; shortened to
+        MAX_REASON_LENGTH characters).
 
         A step that ran past its timeout arrives here as `gd.StepTimeout`."""
-        return Stop(repr(error))
+        return Stop(describe(error))
 
     # Convenience: Checkout.insert(state=...) == gd.insert(Checkout, state=...)
     @classmethod
@@ -204,7 +207,7 @@ class Job(Machine):
 
     def backoff(self, attempt: int) -> float:
         """Seconds to wait before attempt `attempt + 1`: min(2**attempt, 300)."""
-        if attempt >= 9:  # 2**9 > 300: never build huge numbers (SPEC §4.14)
+        if attempt >= 9:  # 2**9 > 300: never build huge numbers
             return MAX_BACKOFF
         return float(min(2 ** max(attempt, 0), MAX_BACKOFF))
 
@@ -233,7 +236,7 @@ class Job(Machine):
     def _retry_or_stop(self, reason, ctx):
         if ctx.attempt + 1 < self.max_attempts:
             return Retry(delay=jittered(self.backoff(ctx.attempt)))
-        return Stop(reason if isinstance(reason, str) else repr(reason))
+        return Stop(reason if isinstance(reason, str) else describe(reason))
 
     @classmethod
     def _collect_steps(cls) -> dict:
@@ -246,10 +249,22 @@ class Job(Machine):
         return {"perform": cls.timeout}
 
 
-def jittered(delay: float) -> float:
-    """Spread retries: a uniform draw from [0.75 × delay, delay] (SPEC §4.14)."""
-    delay = max(0.0, min(float(delay), 10 * 365 * 86400.0))
-    return delay * (0.75 + 0.25 * random.random())
+def jittered(delay) -> float:
+    """Spread retries: a uniform draw from [0.75 × delay, delay].
+
+    `delay` is what a (user) backoff returned: seconds as int, float or timedelta,
+    clamped to [0, MAX_DELAY] — a huge one (2 ** attempt at attempt 1024 and up, or
+    infinity) never overflows. Raises InvalidInput for NaN or a non-numeric delay.
+    """
+    if isinstance(delay, int) and not isinstance(delay, bool):
+        delay = min(delay, int(MAX_DELAY))  # before float(): 2 ** 1024 overflows it
+    elif isinstance(delay, float) and delay == float("inf"):
+        delay = MAX_DELAY
+    elif isinstance(delay, timedelta):
+        delay = delay.total_seconds()
+    if isinstance(delay, (int, float)) and not isinstance(delay, bool) and delay < 0:
+        delay = 0.0
+    return seconds(delay, "backoff delay") * (0.75 + 0.25 * random.random())
 
 
 def job(fn=None, *, queue: str = "default", max_attempts: int = 20, name: str | None = None, version: int = 1,

@@ -27,11 +27,21 @@ class _Keep:
 
 KEEP: Any = _Keep()
 
+MAX_NAME_LENGTH = 255
+"""Characters in a name or key: queue, signal and await names, correlation, concurrency,
+rate-limit and dedup keys. They are indexed, and a btree entry must fit a third of a
+page; 255 characters (at most 1020 bytes of UTF-8) always does."""
+MAX_REASON_LENGTH = 4000
+"""Characters in a reason given to Stop, Error, Cancel or cancel() (stored in last_error)."""
+MAX_DELAY = 10 * 365 * 86400.0
+"""Seconds: a delay, timeout or backoff beyond this (ten years) is clamped to it."""
+
 
 def seconds(value, what: str) -> float:
     """Return `value` (seconds as int/float, or a timedelta) as float seconds ≥ 0.
 
-    Raises InvalidInput for a negative, NaN or non-numeric value.
+    A finite value above MAX_DELAY (ten years) is clamped to it. Raises InvalidInput
+    for a negative, NaN, infinite or non-numeric value, or an int too large for a float.
     """
     if isinstance(value, timedelta):
         value = value.total_seconds()
@@ -43,13 +53,17 @@ def seconds(value, what: str) -> float:
         raise InvalidInput(f"{what} is too large a number of seconds: {value!r}") from None
     if math.isnan(value) or value < 0 or math.isinf(value):
         raise InvalidInput(f"{what} must be a finite number of seconds >= 0, got {value!r}")
-    return value
+    return min(value, MAX_DELAY)
 
 
-def text(value, what: str) -> str:
-    """Check a name or key is a non-empty str Postgres can store (no NUL, valid UTF-8)."""
+def text(value, what: str, limit: int = MAX_NAME_LENGTH) -> str:
+    """Check a name or key is a non-empty str of at most `limit` characters that
+    Postgres can store (no NUL, valid UTF-8); raise InvalidInput naming `what`."""
     if not isinstance(value, str) or not value:
         raise InvalidInput(f"{what} must be a non-empty string, got {value!r}")
+    if len(value) > limit:
+        raise InvalidInput(f"{what} is {len(value)} characters long; the limit is {limit} "
+                           f"(it starts {value[:40]!r})")
     if "\x00" in value:
         raise InvalidInput(f"{what} contains a NUL character (\\x00), which Postgres text cannot store: {value!r}")
     try:
@@ -59,8 +73,46 @@ def text(value, what: str) -> str:
     return value
 
 
+def weight_value(value, what: str = "weight") -> float:
+    """A limiter weight: a finite number > 0; raise InvalidInput naming `what`."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidInput(f"{what} must be a number > 0, got {value!r}")
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    if not (number > 0 and math.isfinite(number)):
+        raise InvalidInput(f"{what} must be a finite number > 0, got {value!r}")
+    return number
+
+
+def reason_text(value, what: str) -> str:
+    """A reason stored in last_error: a str of at most MAX_REASON_LENGTH characters
+    (another value is described by its repr, shortened); NUL and lone surrogates are
+    escaped. Raises InvalidInput naming `what` for a longer str."""
+    from .codec import clean_text
+
+    if not isinstance(value, str):
+        value = describe(value)  # a description, not the caller's text: shortened
+    if len(value) > MAX_REASON_LENGTH:
+        raise InvalidInput(f"{what} is {len(value)} characters long; the limit is {MAX_REASON_LENGTH} "
+                           "(store long diagnostics elsewhere and keep a reference)")
+    return clean_text(value)
+
+
+def describe(value) -> str:
+    """repr(value) for last_error, at most MAX_REASON_LENGTH characters; never raises."""
+    from .codec import safe_repr
+
+    text = safe_repr(value)
+    return text if len(text) <= MAX_REASON_LENGTH else text[:MAX_REASON_LENGTH - 1] + "…"
+
+
 def key_string(value, what: str):
-    """Normalise a concurrency or rate key: None, "name" or (name, partition) → "name:partition"."""
+    """Normalise a concurrency or rate key: None, "name" or (name, partition) → "name:partition".
+
+    At most MAX_NAME_LENGTH characters in all; raise InvalidInput naming `what`.
+    """
     if value is None or value is KEEP:
         return value
     if isinstance(value, tuple):
@@ -102,8 +154,7 @@ class Next:
             raise InvalidInput(f"Next needs a step name, got {self.step!r}")
         object.__setattr__(self, "rate_limit", key_string(self.rate_limit, "rate_limit"))
         object.__setattr__(self, "concurrency_key", key_string(self.concurrency_key, "concurrency_key"))
-        if isinstance(self.weight, bool) or not isinstance(self.weight, (int, float)) or not self.weight > 0:
-            raise InvalidInput(f"Next weight must be a number > 0, got {self.weight!r}")
+        object.__setattr__(self, "weight", weight_value(self.weight, "Next weight"))
         if self.inline is not None and not isinstance(self.inline, bool):
             raise InvalidInput(f"Next inline must be None (the machine's inline_execution), True or False, "
                                f"got {self.inline!r}")
@@ -188,6 +239,9 @@ class Stop:
 
     reason: Any = "stopped"
 
+    def __post_init__(self):
+        object.__setattr__(self, "reason", reason_text(self.reason, "Stop reason"))
+
 
 @dataclass(frozen=True)
 class Error:
@@ -195,12 +249,18 @@ class Error:
 
     reason: Any = "error"
 
+    def __post_init__(self):
+        object.__setattr__(self, "reason", reason_text(self.reason, "Error reason"))
+
 
 @dataclass(frozen=True)
 class Cancel:
     """Job outcome: failed at once, no retry."""
 
     reason: Any = "cancelled"
+
+    def __post_init__(self):
+        object.__setattr__(self, "reason", reason_text(self.reason, "Cancel reason"))
 
 
 OUTCOMES = (Next, Retry, Await, ScheduleChildren, Done, Stop)

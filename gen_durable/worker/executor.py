@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 
 from asgiref.sync import sync_to_async
 
-from .. import registry, telemetry
+from .. import db, registry, telemetry
 from ..calls import Row, build_row
-from ..codec import clean_text, encode, encode_state, load_typed, loads
+from ..codec import clean_text, encode, encode_state, load_typed, loads, safe_repr
 from ..conf import get_settings
-from ..exceptions import InvalidOutcome, StepTimeout, UnknownMachine
+from ..exceptions import InvalidOutcome, StepTimeout, TransactionLeftOpen, UnknownMachine
 from ..limiter.config import get_limits, name_of
 from ..machine import Context, Job, Machine
 from ..outcomes import KEEP, Await, Done, Next, Retry, ScheduleChildren, Stop
@@ -32,7 +32,6 @@ from .claims import Claimed
 
 logger = logging.getLogger("gen_durable.executor")
 
-MAX_DELAY = 10 * 365 * 86400.0  # seconds; a retry delay is clamped here (SPEC §4.14)
 PURE_HANDLES = (Machine.handle, Job.handle)
 KINDS = ("next", "inline", "retry", "await", "schedule", "done", "stop")
 
@@ -69,7 +68,9 @@ class Entry:
 
 
 def error_text(error: BaseException) -> str:
-    text = clean_text(f"{type(error).__name__}: {error}")
+    """`Type: message` of an exception, storable and bounded; never raises (an
+    exception whose __str__ raises is described by its type)."""
+    text = clean_text(f"{safe_repr(type(error), lambda t: t.__name__)}: {safe_repr(error, str)}")
     return text if len(text) <= 4000 else text[:4000] + "…"
 
 
@@ -138,10 +139,18 @@ def _run(cls, job: Claimed, inline: bool = False) -> Entry:
         return _no_step(cls, job)
     if (exhausted := _exhausted(cls, job)) is not None:
         return exhausted
+    # A step thread starts every step with clean connections; whatever transaction the
+    # step (or handle) leaves open is rolled back and the step treated as failed, so the
+    # next step on this thread never writes into it. drain() inside a test's atomic
+    # block starts unclean and is left alone.
+    clean = db.thread_is_clean()
+    where = f"{cls.name}.{job.step} (instance {job.id})"
     try:
         if cls.State is not None:
             ctx.state = load_typed(cls.State, job.state)
         outcome = getattr(machine, method)(ctx)
+        if clean and db.discard_dangling(f"step {where}"):
+            raise TransactionLeftOpen(f"step {where} returned inside a transaction; it was rolled back")
         entry = to_entry(outcome, cls, job, consumed=tuple(s.id for s in awaited),
                          presented=tuple(s.id for s in awaited), inline=inline)
         return _with_record(entry, machine)
@@ -149,22 +158,32 @@ def _run(cls, job: Claimed, inline: bool = False) -> Entry:
         # Any exception, SystemExit included (a step thread is not the main thread, so
         # nothing else would stop): handle() sees no inputs, and its outcome consumes
         # none. An unbounded lease/re-run loop is the alternative.
-        return _handled(machine, cls, job, ctx, error, inline)
+        if clean:
+            db.discard_dangling(f"step {where}")
+        return _handled(machine, cls, job, ctx, error, inline, clean=clean)
 
 
-def _handled(machine, cls, job: Claimed, ctx: Context, error: BaseException, inline: bool = False) -> Entry:
+def _handled(machine, cls, job: Claimed, ctx: Context, error: BaseException, inline: bool = False,
+             clean: bool = False) -> Entry:
     """The entry of `machine.handle(error, ctx)` (inputs hidden); a failing handle() stops.
 
     Called off the event loop; an `async def handle` is run on the loop and waited for.
+    clean: the thread's connections were clean before the step, so a transaction
+    handle() leaves open is rolled back and counts as handle() failing.
     """
     hctx = dataclasses.replace(ctx, awaited=[], all=[], children=[])
+    where = f"handle() of {cls.name}.{job.step} (instance {job.id})"
     try:
         if inspect.iscoroutinefunction(machine.handle):
             outcome = aio.run(machine.handle(error, hctx))
         else:
             outcome = machine.handle(error, hctx)
+        if clean and db.discard_dangling(where):
+            raise TransactionLeftOpen(f"{where} returned inside a transaction; it was rolled back")
         entry = to_entry(outcome, cls, job, consumed=(), presented=(), inline=inline)
     except BaseException as handle_error:
+        if clean:
+            db.discard_dangling(where)
         return _handle_failed(job, error, handle_error)
     return _with_error(entry, error, machine)
 
@@ -389,12 +408,12 @@ def to_entry(outcome, cls, job: Claimed, *, consumed, presented, inline=False) -
                      consumed=consumed, wanted_inline=wanted, **base)
     if isinstance(outcome, Retry):
         return Entry(kind="retry", state=_state(outcome.state, cls, job),
-                     delay=min(outcome.delay, MAX_DELAY), **base)
+                     delay=outcome.delay, **base)
     if isinstance(outcome, Await):
         _check_step(cls, outcome.next, outcome)
         return Entry(kind="await", step=outcome.next, state=_state(outcome.state, cls, job),
                      awaits=encode(list(outcome.names), "await names"),
-                     timeout=None if outcome.timeout is None else min(outcome.timeout, MAX_DELAY),
+                     timeout=outcome.timeout,
                      presented=presented, **base)
     if isinstance(outcome, ScheduleChildren):
         _check_step(cls, outcome.next, outcome)
@@ -405,8 +424,7 @@ def to_entry(outcome, cls, job: Claimed, *, consumed, presented, inline=False) -
         return Entry(kind="done", result=encode(outcome.result, f"result of {cls.name}#{job.id}",
                                                 get_settings().MAX_PAYLOAD_BYTES), **base)
     if isinstance(outcome, Stop):
-        reason = outcome.reason if isinstance(outcome.reason, str) else repr(outcome.reason)
-        return Entry(kind="stop", error=clean_text(reason), **base)
+        return Entry(kind="stop", error=outcome.reason, **base)
     raise InvalidOutcome(f"{cls.name}.{job.step} returned {outcome!r}, which is not an outcome "
                          "(Next, Retry, Await, ScheduleChildren, Done or Stop)")
 

@@ -22,7 +22,7 @@ from collections import Counter
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from django.db import DatabaseError, InterfaceError, OperationalError, transaction
+from django.db import transaction
 
 from .. import db, sql, telemetry
 from ..calls import insert_rows
@@ -232,18 +232,21 @@ class Flusher:
         started = time.perf_counter()
         try:
             result = flush(entries, self.using, self.limiter)
-        except (OperationalError, InterfaceError) as exc:
-            return self._fail(batch, exc, reconnect=True)
-        except DatabaseError as exc:
-            # The data of some outcome cannot be stored (a value Postgres rejects). One
-            # bad outcome must not hold back the others of its batch, again at every
-            # lease: flush them one by one, and store a failing one as a Stop.
+        except Exception as exc:
+            if db.is_connection_error(exc):
+                return self._fail(batch, exc, reconnect=True)
+            # Not the connection: a statement of this batch failed on its data (a value
+            # Postgres rejects, a unique conflict, a program limit: SQLSTATE 22, 23,
+            # 54…). One bad outcome must not hold back the others of its batch, again at
+            # every lease: flush them one by one, and store a failing one as a Stop.
             if len(batch) > 1:
                 logger.warning("flush of %d outcomes failed (%s); retrying them one by one", len(batch), exc)
                 for item in batch:
                     self._flush([item])
                 return None
             entry, fut = batch[0]
+            if db.is_transient_error(exc):  # a deadlock or timeout says nothing about the data
+                return self._fail(batch, exc, reconnect=False)
             if entry.kind == "stop" and entry.error and entry.error.startswith(UNSTORABLE):
                 return self._fail(batch, exc, reconnect=False)
             stop = dataclasses.replace(
@@ -252,8 +255,6 @@ class Flusher:
                 children=[], error=clean_text(f"{UNSTORABLE} ({entry.kind} of step {entry.from_step!r}): {exc}"))
             logger.error("outcome of %s#%s cannot be stored (%s); failing the instance", entry.fsm, entry.id, exc)
             return self._flush([(stop, fut)])
-        except Exception as exc:
-            return self._fail(batch, exc, reconnect=True)
         telemetry.emit("flush.stop", {"count": len(entries), "stale": len(result.stale),
                                       "duration": time.perf_counter() - started}, {})
         if self.on_commit is not None:

@@ -22,13 +22,13 @@ from collections import deque
 from contextlib import nullcontext
 
 from asgiref.sync import sync_to_async
-from django.db import close_old_connections, transaction
+from django.db import close_old_connections, connections, transaction
 
 from .. import db, sql, telemetry
 from ..conf import database_alias
 from .claims import pick, reclaim, release
 from . import aio
-from .executor import (aexecute, continuation, execute, execute_timeout, is_async, job_timeout, past_deadline,
+from .executor import (aexecute, continuation, error_text, execute, execute_timeout, is_async, job_timeout, past_deadline,
                        requeue_entry, stop_entry)
 from .flusher import COMMIT_TIMEOUT
 
@@ -326,7 +326,6 @@ class Scheduler:
         A thread whose step was abandoned past its timeout exits when the step finally
         returns (another thread took its place), dropping the late outcome.
         """
-        conn = db.connection(self.using)  # this thread's own Django connection object
         me = threading.current_thread()
         while True:
             with self._lock:
@@ -337,7 +336,7 @@ class Scheduler:
                 if not self.buffer:  # stopping (timed-out rows' handle() still runs first)
                     self._runs.pop(me, None)
                     self._threads -= 1
-                    return
+                    break
                 job = self.buffer.popleft()
                 if getattr(job, "is_async", False):  # left in the buffer while slots were full
                     if not self.buffer:
@@ -366,10 +365,18 @@ class Scheduler:
                 with self._lock:
                     self.stuck -= 1
                     self._runs.pop(me, None)
-                conn.close()
-                return
-            except BaseException:
-                logger.exception("step thread failed on %s#%s; its lease will recover it", job.fsm, job.id)
+                break
+            except BaseException as exc:
+                # execute() guards the step itself: this is an engine fault. The instance
+                # still gets one recorded outcome instead of a re-run at every lease.
+                logger.exception("step thread failed on %s#%s; failing the instance", job.fsm, job.id)
+                try:
+                    self.flusher.submit(stop_entry(job, f"engine error while running step {job.step!r}: "
+                                                        f"{error_text(exc)}"))
+                    submitted = True
+                except BaseException:
+                    logger.exception("could not record the failure of %s#%s; its lease will recover it",
+                                     job.fsm, job.id)
             finally:
                 if not submitted and not run.abandoned:
                     self.flusher.step_abandoned()
@@ -380,8 +387,11 @@ class Scheduler:
                         self._dispatch_locked()
                 # Like a request boundary: drop a connection the step broke or that
                 # outlived CONN_MAX_AGE. Only threads whose steps touched the database.
-                if conn.connection is not None and not run.abandoned:
+                # (Fetched anew: a connection a step left in a transaction was replaced.)
+                if db.connection(self.using).connection is not None and not run.abandoned:
                     close_old_connections()
+        # Persistent connections (CONN_MAX_AGE) of this thread would outlive it.
+        connections.close_all()
 
     def _timed(self, run, job, fn):
         """Run `fn()` (one step of `job`) under its time budget; raise Abandoned when the

@@ -1,0 +1,128 @@
+"""One step never poisons its thread, its worker or later steps: a transaction a step
+leaves open is rolled back and discarded, whatever a step raises gets one recorded
+outcome with a readable last_error, and user backoff values never overflow
+(docs/design.md#isolation)."""
+
+import logging
+
+import pytest
+from django.db import connection, connections, transaction
+
+import gen_durable as gd
+from gen_durable.models import Instance
+from gen_durable.testing import assert_failed, drain
+from tests.conftest import wait_until
+
+SIDE = "gd_test_side_effects"
+
+
+@pytest.fixture
+def side_table(transactional_db):
+    with connection.cursor() as cur:
+        cur.execute(f"CREATE TABLE IF NOT EXISTS {SIDE} (instance bigint PRIMARY KEY)")
+        cur.execute(f"TRUNCATE {SIDE}")
+    yield
+    with connection.cursor() as cur:
+        cur.execute(f"DROP TABLE IF EXISTS {SIDE}")
+
+
+def _read_committed():
+    """Side-effect rows as a second session sees them (only committed ones)."""
+    import psycopg
+
+    params = connection.get_connection_params()
+    with psycopg.connect(**params, autocommit=True) as raw:
+        return {r[0] for r in raw.execute(f"SELECT instance FROM {SIDE}").fetchall()}
+
+
+class Leaky(gd.Machine):
+    """Writes a side-effect row; the instance whose state says so leaves a transaction open."""
+
+    name = "tests.isolation.Leaky"
+
+    @gd.step
+    def start(self, ctx):
+        how = ctx.state.get("leak")
+        if how == "atomic":
+            transaction.atomic().__enter__()  # entered, never exited
+        elif how == "begin":
+            with connection.cursor() as cur:
+                cur.execute("BEGIN")
+        with connection.cursor() as cur:
+            cur.execute(f"INSERT INTO {SIDE} (instance) VALUES (%s)", [ctx.id])
+        return gd.Done()
+
+
+@pytest.mark.parametrize("leak", ["atomic", "begin"])
+def test_a_transaction_a_step_leaves_open_never_swallows_later_steps(engine, queue_name, side_table,
+                                                                   monkeypatch, caplog, leak):
+    # Persistent connections: without the clean-up, later steps on the same thread
+    # write into the open transaction (raw BEGIN) or fail on the closed connection
+    # (atomic block), while their instances are marked done.
+    monkeypatch.setitem(connections.settings["default"], "CONN_MAX_AGE", None)
+    bad = gd.insert(Leaky, state={"leak": leak}, queue=queue_name)
+    good = gd.insert_all([gd.Spec(Leaky, queue=queue_name) for _ in range(20)])
+    caplog.set_level(logging.WARNING, logger="gen_durable.db")
+    engine({queue_name: 1})  # one step thread: every step runs after the leaky one on it
+    ids = [bad, *good]
+    wait_until(lambda: Instance.objects.filter(id__in=ids, status__in=["done", "failed"]).count() == 21,
+               timeout=30, what="every instance terminal")
+    assert set(Instance.objects.filter(id__in=good, status="done").values_list("id", flat=True)) == set(good)
+    assert _read_committed() == set(good)  # every done instance's write is durable
+    row = assert_failed(bad, "TransactionLeftOpen")
+    assert "tests.isolation.Leaky.start" in row["last_error"]
+    assert any("tests.isolation.Leaky.start" in r.getMessage() and "rolled back" in r.getMessage()
+               for r in caplog.records)
+
+
+class Unprintable(Exception):
+    def __str__(self):
+        raise RuntimeError("no str for you")
+
+    def __repr__(self):
+        raise RuntimeError("no repr either")
+
+
+class RaisesUnprintable(gd.Machine):
+    name = "tests.isolation.RaisesUnprintable"
+
+    @gd.step
+    def start(self, ctx):
+        raise Unprintable()
+
+
+@gd.job(name="tests.isolation.unprintable_job", max_attempts=3)
+def unprintable_job(args):
+    raise Unprintable()
+
+
+@pytest.mark.django_db
+def test_an_exception_whose_repr_and_str_raise_fails_the_machine_once_with_a_readable_error():
+    id_ = gd.insert(RaisesUnprintable)
+    assert drain()["stop"] == 1
+    row = assert_failed(id_, "Unprintable")
+    assert row["attempt"] == 0
+
+
+@pytest.mark.django_db
+def test_a_job_raising_an_unprintable_exception_is_retried_by_its_backoff_then_failed():
+    id_ = gd.insert(unprintable_job)
+    tally = drain()
+    assert tally["retry"] == 2 and tally["stop"] == 1
+    row = assert_failed(id_, "Unprintable")
+    assert row["attempt"] == 2
+
+
+@gd.job(name="tests.isolation.exponential", max_attempts=10**6, backoff=lambda attempt: 2 ** attempt)
+def exponential(args):
+    raise ValueError("flaky")
+
+
+@pytest.mark.django_db
+def test_a_user_backoff_of_2_to_the_attempt_is_clamped_not_an_overflow():
+    id_ = gd.insert(exponential)
+    Instance.objects.filter(id=id_).update(attempt=1024)
+    drain(with_scheduled=False)  # the retry is ten years away: one step
+    row = Instance.objects.get(id=id_)
+    assert (row.status, row.attempt) == ("runnable", 1025)
+    assert row.last_error.startswith("ValueError: flaky")
