@@ -162,7 +162,14 @@ class InstanceAdmin(admin.ModelAdmin):
         return False  # cancel is the safe way to stop an instance
 
     def get_queryset(self, request):
-        return super().get_queryset(request).using(database_alias())
+        qs = super().get_queryset(request).using(database_alias())
+        match = getattr(request, "resolver_match", None)
+        if match is not None and match.url_name == "gen_durable_instance_changelist":
+            # The list shows none of the JSON columns; a row's state can be large.
+            heavy = [f.name for f in Instance._meta.concrete_fields
+                     if f.name in ("state", "result", "last_error", "attempt_log")]
+            qs = qs.defer(*heavy)
+        return qs
 
     def lookup_allowed(self, lookup, value, request=None):
         # "N more children" links filter on the parent (gen_durable_parent index).
@@ -172,13 +179,16 @@ class InstanceAdmin(admin.ModelAdmin):
         term = search_term.strip()
         if not term:
             return queryset, False
-        from django.db.models import Q
-        from django.db.models.expressions import RawSQL
+        from . import db
 
         # correlation_guard is the indexed (gen_durable_correlation) copy of a live key.
-        by_key = Q(id__in=RawSQL("SELECT id FROM gen_durable WHERE correlation_guard = %s", (term,)))
+        # Resolved first, so the list's query is a primary-key lookup: an OR of the two
+        # conditions in one WHERE makes the planner walk the whole primary key.
+        ids = [r[0] for r in db.fetchall("SELECT id FROM gen_durable WHERE correlation_guard = %s", (term,))]
         id_ = _exact_id(term)
-        return queryset.filter(by_key | Q(id=id_) if id_ is not None else by_key), False
+        if id_ is not None:
+            ids.append(id_)
+        return queryset.filter(id__in=ids), False
 
     def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
         if request.method == "POST":

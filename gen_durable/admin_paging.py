@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 
+from django.core.exceptions import EmptyResultSet
 from django.core.paginator import Paginator
 from django.db import connections
 from django.utils.functional import cached_property
@@ -21,7 +22,10 @@ CAP = 10_000
 def planner_rows(queryset) -> int:
     """The planner's row estimate for `queryset` (one EXPLAIN; reads no rows)."""
     qs = queryset.order_by().values("pk")
-    sql, params = qs.query.sql_with_params()
+    try:
+        sql, params = qs.query.sql_with_params()
+    except EmptyResultSet:  # e.g. id__in=[]: Django knows without asking
+        return 0
     with connections[qs.db].cursor() as cur:
         cur.execute("EXPLAIN (FORMAT JSON) " + sql, params)
         plan = cur.fetchone()[0]

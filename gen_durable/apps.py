@@ -18,6 +18,10 @@ class GenDurableConfig(AppConfig):
             # task row's function through the registry, which these imports fill.
             autodiscover_modules("tasks")
 
+        from .otel import install_from_settings
+
+        install_from_settings()  # OpenTelemetry, when settings OPENTELEMETRY asks for it
+
 
 def _tasks_on_gen_durable() -> bool:
     """Whether settings.TASKS configures a gen_durable.tasks.GenDurableBackend (or subclass)."""

@@ -228,6 +228,32 @@ def check_producer(app_configs=None, **kwargs):
 
 
 @register(Tags.compatibility)
+def check_opentelemetry(app_configs=None, **kwargs):
+    """E050: OPENTELEMETRY is a bool or {"TRACES": bool, "METRICS": bool}; E051: it is on
+    but opentelemetry-api is not installed."""
+    from .otel import available
+
+    value = get_settings().OPENTELEMETRY
+    hint = 'False, True, or {"TRACES": True, "METRICS": True} (docs/observability.md).'
+    if isinstance(value, dict):
+        bad = sorted(set(value) - {"TRACES", "METRICS"})
+        if bad or not all(isinstance(v, bool) for v in value.values()):
+            return [Error(f"GEN_DURABLE['OPENTELEMETRY'] has unknown keys {bad} or non-bool values: {value!r}.",
+                          hint=hint, id=ID + "E050")]
+        on = any(value.get(k, True) for k in ("TRACES", "METRICS"))
+    elif isinstance(value, bool):
+        on = value
+    else:
+        return [Error(f"GEN_DURABLE['OPENTELEMETRY'] must be a bool or a dict, got {value!r}.", hint=hint,
+                      id=ID + "E050")]
+    if on and not available():
+        return [Error("GEN_DURABLE['OPENTELEMETRY'] is on but opentelemetry-api is not installed.",
+                      hint="pip install 'gen-durable[otel]' (and an OpenTelemetry SDK with an exporter), "
+                           "or turn OPENTELEMETRY off.", id=ID + "E051")]
+    return []
+
+
+@register(Tags.compatibility)
 def check_notify_and_limiter(app_configs=None, **kwargs):
     """E005: NOTIFY is "postgres" or "none"; E006: LIMITER shape."""
     s = get_settings()

@@ -47,6 +47,9 @@ DEFAULTS: dict[str, Any] = {
     "PRODUCER": {"MAX_BATCH": 1000, "MAX_DELAY": 0.1, "MAX_BUFFER": 10000, "ON_ERROR": None},
     # Not in SPEC §2's table: the largest encoded state/result/payload accepted (§9).
     "MAX_PAYLOAD_BYTES": 1_048_576,
+    # OpenTelemetry spans and metrics (gen_durable/otel.py; needs the `otel` extra):
+    # False, True, or {"TRACES": bool, "METRICS": bool}.
+    "OPENTELEMETRY": False,
 }
 
 # Keys whose dict values merge over the defaults (a partial FLUSH keeps MAX_DELAY).
@@ -76,6 +79,7 @@ class Settings:
     SCHEDULES: Any
     PRODUCER: dict
     MAX_PAYLOAD_BYTES: int
+    OPENTELEMETRY: Any
     unknown: tuple = field(default=())
 
 

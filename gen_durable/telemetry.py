@@ -9,7 +9,8 @@ never breaks the engine. `duration` measurements are seconds (float).
 
 | event                  | measurements                              | metadata              |
 |------------------------|-------------------------------------------|-----------------------|
-| step.stop              | duration                                  | id, fsm, step, kind   |
+| step.start             |                                           | id, fsm, step, attempt, queue |
+| step.stop              | duration                                  | id, fsm, step, kind, attempt, queue, error |
 | pick.stop              | count, demand, duration                   | queue, worker         |
 | scheduler.saturation   | in_flight, buffer, concurrency, prefetch  | queue                 |
 | scheduler.drain        | released, in_flight                       | queue                 |
@@ -33,6 +34,10 @@ never breaks the engine. `duration` measurements are seconds (float).
 | rate_limit.contended   | count                                     | queue                 |
 | rate_limit.unknown     | count                                     | key, name, fsm, step  |
 
+`step.start` and `step.stop` of one step are emitted in the same thread (the one that
+runs it); `error` is the recorded error text of a retry or stop (None otherwise).
+`gen_durable.otel` turns these events into OpenTelemetry spans and metrics.
+
 `inline.yield` reasons: "bound" (INLINE's MAX_STEPS / MAX_SECONDS), "key" (a new
 concurrency key goes through the pick), "throttled" (the limiter denied the next step),
 "stopping" (the worker is shutting down). The row is requeued in each case.
@@ -49,7 +54,7 @@ import threading
 logger = logging.getLogger("gen_durable.telemetry")
 
 EVENTS = (
-    "step.stop", "pick.stop", "scheduler.saturation", "scheduler.drain", "scheduler.reclaimed",
+    "step.start", "step.stop", "pick.stop", "scheduler.saturation", "scheduler.drain", "scheduler.reclaimed",
     "concurrency.contended", "concurrency.throttled", "outcome.stale", "reaper.reaped",
     "await.timeout", "step.timeout", "schedule.fired", "schedule.skipped", "gc.swept", "flush.stop", "flush.error", "inline.continue", "inline.yield",
     "producer.flush", "producer.error",

@@ -85,6 +85,8 @@ def execute(job: Claimed, *, inline: bool = False) -> Entry:
     inline: whether a Next that asks for inline continuation may get it (kind "inline");
     otherwise it is a plain requeued Next. See `inline_kind` for the key rule.
     """
+    telemetry.emit("step.start", {}, {"id": job.id, "fsm": job.fsm, "step": job.step,
+                                      "attempt": job.attempt, "queue": job.queue})
     started = time.perf_counter()
     try:
         cls = registry.get(job.fsm, job.fsm_version)
@@ -96,7 +98,8 @@ def execute(job: Claimed, *, inline: bool = False) -> Entry:
         else:
             entry = _run(cls, job, inline)
     telemetry.emit("step.stop", {"duration": time.perf_counter() - started},
-                   {"id": job.id, "fsm": job.fsm, "step": job.step, "kind": entry.kind})
+                   {"id": job.id, "fsm": job.fsm, "step": job.step, "kind": entry.kind,
+                    "attempt": job.attempt, "queue": job.queue, "error": entry.error})
     logger.debug("step %s#%s %s -> %s", job.fsm, job.id, job.step, entry.kind)
     return entry
 
@@ -328,6 +331,8 @@ def is_async(job: Claimed) -> bool:
 
 async def aexecute(job: Claimed, *, inline: bool = False) -> Entry:
     """`execute` for an `async def` step; awaited on the worker's event loop."""
+    telemetry.emit("step.start", {}, {"id": job.id, "fsm": job.fsm, "step": job.step,
+                                      "attempt": job.attempt, "queue": job.queue})
     started = time.perf_counter()
     try:
         cls = registry.get(job.fsm, job.fsm_version)
@@ -336,7 +341,8 @@ async def aexecute(job: Claimed, *, inline: bool = False) -> Entry:
     else:
         entry = await _arun(cls, job, inline)
     telemetry.emit("step.stop", {"duration": time.perf_counter() - started},
-                   {"id": job.id, "fsm": job.fsm, "step": job.step, "kind": entry.kind})
+                   {"id": job.id, "fsm": job.fsm, "step": job.step, "kind": entry.kind,
+                    "attempt": job.attempt, "queue": job.queue, "error": entry.error})
     logger.debug("step %s#%s %s -> %s", job.fsm, job.id, job.step, entry.kind)
     return entry
 

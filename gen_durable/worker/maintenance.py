@@ -105,12 +105,14 @@ class Periodic(Role):
 def reaper_sweep(using=None, limiter=None):
     reaped = reap(using, limiter)
     woken = expire_awaits(using)
-    logger.info("reaper sweep: %d leases reaped, %d await timeouts fired", len(reaped), len(woken))
+    # INFO when the sweep did something; an idle worker's log stays quiet.
+    logger.log(logging.INFO if reaped or woken else logging.DEBUG,
+               "reaper sweep: %d leases reaped, %d await timeouts fired", len(reaped), len(woken))
 
 
 def make_gc_sweep(retention, batch, limiter, using=None):
     def sweep():
         n = gc(retention, batch, using, limiter)
-        logger.info("gc sweep: %d terminal rows deleted", n)
+        logger.log(logging.INFO if n else logging.DEBUG, "gc sweep: %d terminal rows deleted", n)
 
     return sweep
