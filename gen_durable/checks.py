@@ -63,10 +63,14 @@ def check_queues(app_configs=None, **kwargs):
 
 @register(Tags.compatibility)
 def check_timings(app_configs=None, **kwargs):
-    """E003: durations must be numbers of seconds; W001: heartbeat × 3 > lease."""
+    """E003: durations must be numbers of seconds; E030: a heartbeat that cannot keep a
+    lease alive; W001: heartbeat × 3 > lease."""
     s = get_settings()
     errors = []
+    explicit_heartbeat = user_settings().get("HEARTBEAT_INTERVAL") is not None
     for key in ("LEASE_TTL", "HEARTBEAT_INTERVAL", "POLL_INTERVAL", "MAX_POLL_INTERVAL"):
+        if key == "HEARTBEAT_INTERVAL" and not explicit_heartbeat:
+            continue  # derived from LEASE_TTL (conf.derived_heartbeat), checked there
         if not _num(getattr(s, key), positive=True):
             errors.append(Error(f"GEN_DURABLE['{key}'] must be a number of seconds > 0, got {getattr(s, key)!r}.",
                                 hint="Durations are seconds (SPEC §2).", id=ID + "E003"))
@@ -84,7 +88,17 @@ def check_timings(app_configs=None, **kwargs):
         if s.POLL_INTERVAL > s.MAX_POLL_INTERVAL:
             errors.append(Error("GEN_DURABLE['POLL_INTERVAL'] exceeds MAX_POLL_INTERVAL.",
                                 hint="The back-off ceiling must be >= the base interval.", id=ID + "E003"))
-        if s.HEARTBEAT_INTERVAL * 3 > s.LEASE_TTL:
+        if explicit_heartbeat and s.HEARTBEAT_INTERVAL * 2 > s.LEASE_TTL:
+            # The heartbeat skips a row locked at that instant (SKIP LOCKED), so a row
+            # can miss one renewal: its lease must outlast two intervals, or a live step
+            # is reaped and runs twice at once.
+            errors.append(Error(
+                f"GEN_DURABLE['HEARTBEAT_INTERVAL'] ({s.HEARTBEAT_INTERVAL}s) cannot keep a "
+                f"{s.LEASE_TTL}s lease alive: a lease must outlast two heartbeats.",
+                hint="Leave HEARTBEAT_INTERVAL unset (it is then LEASE_TTL / 3) or keep "
+                     "HEARTBEAT_INTERVAL x 2 <= LEASE_TTL (x 3 recommended).",
+                id=ID + "E030"))
+        elif s.HEARTBEAT_INTERVAL * 3 > s.LEASE_TTL:
             errors.append(Warning(
                 f"GEN_DURABLE heartbeat ({s.HEARTBEAT_INTERVAL}s) x 3 exceeds the lease ({s.LEASE_TTL}s).",
                 hint="A missed heartbeat or two would let the reaper take a live step; keep HEARTBEAT_INTERVAL x 3 <= LEASE_TTL.",

@@ -22,7 +22,8 @@ DEFAULTS: dict[str, Any] = {
     "CONCURRENCY_LIMITS": {},
     "LIMITER": "postgres",
     "LEASE_TTL": 60,
-    "HEARTBEAT_INTERVAL": 20,
+    # None: LEASE_TTL / 3, so a lease outlives two missed renewals whatever LEASE_TTL is.
+    "HEARTBEAT_INTERVAL": None,
     "POLL_INTERVAL": 1,
     "MAX_POLL_INTERVAL": 5,
     "NOTIFY": "postgres",
@@ -98,8 +99,20 @@ def get_settings() -> Settings:
         if key in NESTED and isinstance(value, dict):
             value = {**default, **value}
         merged[key] = value
+    if merged["HEARTBEAT_INTERVAL"] is None:
+        merged["HEARTBEAT_INTERVAL"] = derived_heartbeat(merged["LEASE_TTL"])
     unknown = tuple(sorted(k for k in raw if k not in DEFAULTS))
     return Settings(**merged, unknown=unknown)
+
+
+def derived_heartbeat(lease):
+    """The heartbeat interval (seconds) when HEARTBEAT_INTERVAL is unset: LEASE_TTL / 3.
+
+    A bad LEASE_TTL is passed through (the system check reports it).
+    """
+    if isinstance(lease, (int, float)) and not isinstance(lease, bool) and lease > 0:
+        return lease / 3
+    return lease
 
 
 def database_alias(using: str | None = None) -> str:

@@ -419,3 +419,28 @@ def test_limit_entries_reject_unknown_keys_and_bad_shards_or_burst():
         "GEN_DURABLE['RATE_LIMITS']['api']['burst'] must be a number >= 0.",
         "GEN_DURABLE['CONCURRENCY_LIMITS']['pool']['shards'] must be a positive int.",
     ]
+
+
+# --- E030: a heartbeat that cannot keep a lease alive; the derived default -----------
+
+@override_settings(GEN_DURABLE={"LEASE_TTL": 5, "HEARTBEAT_INTERVAL": 20})
+def test_a_heartbeat_longer_than_half_the_lease_is_an_error():
+    (error,) = checks.check_timings()
+    assert error.id == "gen_durable.E030" and isinstance(error, Error)
+    assert error.msg == ("GEN_DURABLE['HEARTBEAT_INTERVAL'] (20s) cannot keep a 5s lease alive: "
+                         "a lease must outlast two heartbeats.")
+
+
+@override_settings(GEN_DURABLE={"LEASE_TTL": 5})
+def test_an_unset_heartbeat_is_a_third_of_the_lease_and_passes_the_checks():
+    from gen_durable.conf import get_settings
+
+    assert get_settings().HEARTBEAT_INTERVAL == pytest.approx(5 / 3)
+    assert checks.check_timings() == []
+
+
+@override_settings(GEN_DURABLE={"LEASE_TTL": 60, "HEARTBEAT_INTERVAL": None})
+def test_the_default_heartbeat_is_20_seconds_for_the_default_lease():
+    from gen_durable.conf import get_settings
+
+    assert get_settings().HEARTBEAT_INTERVAL == 20

@@ -1,0 +1,40 @@
+"""Leases and heartbeats (docs/reliability.md "Leases"): the heartbeat derived from the
+lease keeps a long step's claim; a pair that cannot is refused at start-up."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import gen_durable as gd
+from gen_durable.models import Instance
+from tests.conftest import wait_until
+from tests.durable_app.supervision_machines import Sleeper
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_a_step_longer_than_its_lease_runs_once_with_the_heartbeat_unset(
+        committed, engine, settings, queue_name, tmp_path):
+    """LEASE_TTL 1 s, HEARTBEAT_INTERVAL unset: renewals every 1/3 s keep a 3 s step's
+    claim. With main's fixed 20 s default the reaper took it after 1 s and a second
+    worker ran it again beside the first."""
+    conf = {k: v for k, v in settings.GEN_DURABLE.items() if k != "HEARTBEAT_INTERVAL"}
+    settings.GEN_DURABLE = {**conf, "LEASE_TTL": 1, "REAPER": {"INTERVAL": 0.2}}
+    log = tmp_path / "runs.log"
+    rid = gd.insert(Sleeper, args={"log": str(log), "sleep": 3}, queue=queue_name)
+    engine({queue_name: 1})
+    engine({queue_name: 1}, reaper=False, gc=False)  # a second worker that would take a reaped row
+    wait_until(lambda: Instance.objects.get(id=rid).status == "done", timeout=30, what="the long step done")
+    starts = [line.split() for line in log.read_text().splitlines() if line.split()[3] == "start"]
+    assert len(starts) == 1, starts
+    assert Instance.objects.get(id=rid).attempt == 0
+
+
+def test_rundurable_refuses_a_heartbeat_that_cannot_keep_its_lease(committed, tmp_path):
+    from tests.integration.test_rundurable import child_env
+
+    done = subprocess.run([sys.executable, str(ROOT / "tests" / "manage.py"), "rundurable", "--burst"],
+                          cwd=ROOT, env=child_env(LEASE_TTL=5, HEARTBEAT_INTERVAL=20),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "gen_durable.E030" in done.stderr and "cannot keep a 5s lease alive" in done.stderr
