@@ -366,3 +366,33 @@ def check_database(app_configs=None, databases=None, **kwargs):
                  "is planned once per connection (SPEC §0); keep them off behind PgBouncer in transaction mode.",
             id=ID + "W002")]
     return []
+
+
+def _served_queues() -> set:
+    queues = get_settings().QUEUES
+    return set(queues) if isinstance(queues, dict) else set()
+
+
+@register(Tags.compatibility)
+def check_machine_queues(app_configs=None, **kwargs):
+    """W003: a registered machine whose queue GEN_DURABLE['QUEUES'] does not name.
+
+    `rundurable` without --queue runs exactly the configured queues, so such a
+    machine's rows would sit runnable forever.
+    """
+    from . import registry
+
+    served = _served_queues()
+    warnings = []
+    seen = set()
+    for (name, _version), cls in sorted(registry.all_machines().items()):
+        if cls.queue in served or (name, cls.queue) in seen:
+            continue
+        seen.add((name, cls.queue))
+        close = difflib.get_close_matches(cls.queue, served, n=1)
+        hint = (f"Did you mean {close[0]!r}? " if close else "") + (
+            f"Add {cls.queue!r} to GEN_DURABLE['QUEUES'] (or run `rundurable --queue {cls.queue}`); "
+            f"configured queues: {sorted(served)}.")
+        warnings.append(Warning(f"Machine {name!r} runs on queue {cls.queue!r}, which no configured "
+                                "worker serves.", hint=hint, obj=cls, id=ID + "W003"))
+    return warnings

@@ -88,3 +88,15 @@ def steps(log, what):
             if kind == what:
                 by_pid[pid].append(int(id_))
     return by_pid
+
+
+def test_a_queue_nothing_uses_is_refused_with_burst_and_warned_about_without(transactional_db, queue_name):
+    from io import StringIO
+
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError, match=f"'{queue_name}'.*no registered machine uses"):
+        call_command("rundurable", "--burst", "--queue", queue_name, "--no-gc", "--no-reaper", verbosity=0)
+    err = StringIO()
+    with pytest.raises(CommandError, match="refusing --burst"):
+        call_command("rundurable", "--burst", "--queue", "emial", "--queue", "default", verbosity=0, stderr=err)

@@ -444,3 +444,27 @@ def test_the_default_heartbeat_is_20_seconds_for_the_default_lease():
     from gen_durable.conf import get_settings
 
     assert get_settings().HEARTBEAT_INTERVAL == 20
+
+def test_a_machine_whose_queue_no_configured_worker_serves_is_warned_about():
+    import gen_durable as gd
+    from gen_durable import registry
+    from gen_durable.checks import check_machine_queues
+
+    class Mistyped(gd.Machine):
+        name = "tests.checks.Mistyped"
+        queue = "emial"
+
+        @gd.step
+        def start(self, ctx):
+            return gd.Done()
+
+    try:
+        with override_settings(GEN_DURABLE={"QUEUES": {"email": 2, "default": 4}}):
+            found = [m for m in check_machine_queues() if m.obj is Mistyped]
+        assert [(m.id, m.msg) for m in found] == [
+            ("gen_durable.W003", "Machine 'tests.checks.Mistyped' runs on queue 'emial', which no configured worker serves.")]
+        assert found[0].hint.startswith("Did you mean 'email'?")
+        with override_settings(GEN_DURABLE={"QUEUES": {"emial": 1}}):
+            assert not [m for m in check_machine_queues() if m.obj is Mistyped]
+    finally:
+        registry._machines.pop(("tests.checks.Mistyped", 1), None)

@@ -65,6 +65,8 @@ class Command(BaseCommand):
         queues = dict(settings.QUEUES)
         if queue:
             queues = {name: (n or settings.QUEUES.get(name) or 10) for name, n in queue}
+        if queue and child is None:
+            self._check_queues([name for name, _ in queue], burst)
         if processes > 1 and child is None:
             return self._supervise(processes)
         from gen_durable.worker.supervisor import Supervisor, WorkerConfig
@@ -75,6 +77,30 @@ class Command(BaseCommand):
         code = Supervisor(config).run()
         if code:
             raise CommandError(f"worker exited with {code}")
+
+    def _check_queues(self, names, burst: bool):
+        """Warn about a --queue that nothing uses (a typo runs an idle worker); refuse it
+        with --burst, which would otherwise exit 0 as if the work were done."""
+        from gen_durable import db, registry
+
+        declared = {cls.queue for cls in registry.all_machines().values()}
+        unused = []
+        for name in names:
+            if name in declared:
+                continue
+            # One probe of the pick index: rows inserted with queue= still count.
+            runnable = db.fetchone("SELECT EXISTS (SELECT 1 FROM gen_durable WHERE queue = %(q)s "
+                                   "AND status = 'runnable')", {"q": name})[0]
+            if not runnable:
+                unused.append(name)
+        if not unused:
+            return
+        message = (f"--queue {', '.join(map(repr, unused))}: no registered machine uses "
+                   f"{'this queue' if len(unused) == 1 else 'these queues'} and no runnable instance is in it "
+                   f"(machines use {sorted(declared)}; configured: {sorted(get_settings().QUEUES)})")
+        if burst:
+            raise CommandError(message + "; refusing --burst, which would exit 0 with nothing done")
+        self.stderr.write(f"Warning: {message}")
 
     def _supervise(self, processes: int):
         argv = [a for a in sys.argv if not a.startswith("--processes")]
