@@ -5,7 +5,8 @@ queue name, handed to `on_wake(queue)`. With `on_timer`, it also listens on
 `gen_durable_timer` (a row was scheduled for later in that queue) and hands those payloads
 to `on_timer(queue)`, which re-arms the worker's timer. A lost connection is re-established with
 back-off and followed by `on_reconnect()` — an immediate re-poll of every queue, since
-notifications sent while it was down are gone. Polling stays the floor.
+notifications sent while it was down are gone (the first connect re-polls too: the
+schedulers may have polled just before it listened). Polling stays the floor.
 """
 
 from __future__ import annotations
@@ -50,7 +51,9 @@ class Listener(Role):
                 self.connects += 1
                 if self.connects > 1:
                     logger.info("listener reconnected; re-polling every queue")
-                    self.on_reconnect()
+                # Also on the first connect: a row inserted between the schedulers' first
+                # poll and this LISTEN sent its notification to nobody.
+                self.on_reconnect()
                 backoff = 0.1
                 while not self._stop.is_set():
                     for note in self._conn.notifies(timeout=0.5):

@@ -27,9 +27,15 @@ def status(id_):
     return Instance.objects.get(id=id_).status
 
 
+def listening(sup):
+    """Bounded wait for the worker's LISTEN: a due insert before it would wait for the poll."""
+    wait_until(lambda: sup.listener.connects >= 1 and sup.timer.reads >= 1, timeout=WAIT, what="worker listening")
+    return sup
+
+
 @override_settings(GEN_DURABLE=SLOW)
 def test_await_timeout_fires_without_reaper_or_poll(engine, queue_name):
-    engine({queue_name: 2}, reaper=False, gc=False)
+    listening(engine({queue_name: 2}, reaper=False, gc=False))
     id_ = gd.insert(Recorder, queue=queue_name, state={"names": ["go"], "timeout": 1})
     wait_until(lambda: status(id_) == "awaiting_signal", timeout=WAIT, what="parked")
     wait_until(lambda: status(id_) == "done", timeout=WAIT, what="await timeout fired and step ran")
@@ -38,15 +44,14 @@ def test_await_timeout_fires_without_reaper_or_poll(engine, queue_name):
 
 @override_settings(GEN_DURABLE=SLOW)
 def test_schedule_in_starts_without_poll(engine, queue_name):
-    sup = engine({queue_name: 2}, reaper=False, gc=False)
-    wait_until(lambda: sup.timer.reads >= 1, timeout=WAIT, what="timer armed")
+    listening(engine({queue_name: 2}, reaper=False, gc=False))
     id_ = gd.insert(Recorder, queue=queue_name, schedule_in=1.0, state={"names": ["go"], "timeout": 3600})
     wait_until(lambda: status(id_) == "awaiting_signal", timeout=WAIT, what="scheduled row ran")
 
 
 @override_settings(GEN_DURABLE=SLOW)
 def test_retry_backoff_starts_without_poll(engine, queue_name):
-    engine({queue_name: 2}, reaper=False, gc=False)
+    listening(engine({queue_name: 2}, reaper=False, gc=False))
     id_ = gd.insert(retries_once, queue=queue_name)
     wait_until(lambda: status(id_) == "done", timeout=WAIT, what="retried after its backoff")
     assert Instance.objects.get(id=id_).result == {"attempt": 1}
