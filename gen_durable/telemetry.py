@@ -15,6 +15,7 @@ never breaks the engine. `duration` measurements are seconds (float).
 | scheduler.saturation   | in_flight, buffer, concurrency, prefetch  | queue                 |
 | scheduler.drain        | released, in_flight                       | queue                 |
 | scheduler.reclaimed    | count                                     | queue                 |
+| scheduler.abandoned    | count (steps cut off at shutdown)         | queue                 |
 | concurrency.contended  | count                                     | queue                 |
 | concurrency.throttled  | wanted, admitted                          | key, queue            |
 | outcome.stale          | count                                     | id, fsm, step, kind   |
@@ -55,6 +56,7 @@ logger = logging.getLogger("gen_durable.telemetry")
 
 EVENTS = (
     "step.start", "step.stop", "pick.stop", "scheduler.saturation", "scheduler.drain", "scheduler.reclaimed",
+    "scheduler.abandoned",
     "concurrency.contended", "concurrency.throttled", "outcome.stale", "reaper.reaped",
     "await.timeout", "step.timeout", "schedule.fired", "schedule.skipped", "gc.swept", "flush.stop", "flush.error", "inline.continue", "inline.yield",
     "producer.flush", "producer.error",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 from django.db import IntegrityError, transaction
@@ -195,3 +196,21 @@ def reclaim(queue: str, prefix: str, margin: float, using=None) -> list[int]:
     """Release claims of `queue` under `prefix` whose lease decayed below `margin` seconds."""
     rows = db.fetchall(sql.RECLAIM, {"queue": queue, "prefix": prefix, "margin": float(margin)}, using)
     return [r[0] for r in rows]
+
+
+def abandon(ids, worker: str, drain: float, using=None, limiter=None) -> list[int]:
+    """Hand back rows `worker` still runs at shutdown: runnable now, attempt + 1.
+
+    Their gate slots are credited (in the same transaction with a transactional
+    limiter). Statements: 1 (+ the credit). Returns the ids handed back.
+    """
+    if not ids:
+        return []
+    params = {"ids": db.pg_array(ids), "worker": worker, "drain": float(drain)}
+    transactional = limiter is not None and limiter.transactional
+    with transaction.atomic(using=database_alias(using)) if transactional else nullcontext():
+        rows = db.fetchall(sql.ABANDON, params, using)
+        if limiter is not None:
+            limiter.credit([limiter.slot_for(r[0], r[2], r[3]) for r in rows])
+    return [r[0] for r in rows]
+

@@ -22,7 +22,7 @@ from collections import Counter
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from django.db import transaction
+from django.db import reset_queries, transaction
 
 from .. import db, sql, telemetry
 from ..calls import insert_rows
@@ -225,6 +225,7 @@ class Flusher:
             if batch is None:
                 break
             self._flush(batch)
+            reset_queries()  # DEBUG keeps every query until reset, as after a request
         db.connection(self.using).close()
 
     def _flush(self, batch):

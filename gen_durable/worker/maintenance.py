@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from django.db import transaction
+from django.db import reset_queries, transaction
 
 from .. import db, sql, telemetry
 from ..conf import database_alias
@@ -99,6 +99,7 @@ class Periodic(Role):
             except Exception as exc:
                 logger.warning("%s sweep failed: %s", self.name, exc)
                 db.connection(self.using).close()
+            reset_queries()  # DEBUG keeps every query until reset
         db.connection(self.using).close()
 
 

@@ -22,11 +22,11 @@ from collections import deque
 from contextlib import nullcontext
 
 from asgiref.sync import sync_to_async
-from django.db import close_old_connections, connections, transaction
+from django.db import close_old_connections, connections, reset_queries, transaction
 
 from .. import db, sql, telemetry
 from ..conf import database_alias
-from .claims import pick, reclaim, release
+from .claims import abandon, pick, reclaim, release
 from . import aio
 from .executor import (aexecute, continuation, error_text, execute, execute_timeout, is_async, job_timeout, past_deadline,
                        requeue_entry, stop_entry)
@@ -145,6 +145,29 @@ class Scheduler:
         for task in tasks:  # async steps past the drain: cancelled, nothing commits (the lease recovers them)
             task.cancel()
         return {"released": len(released), "in_flight": in_flight}
+
+    def abandon_running(self, drain_timeout: float) -> int:
+        """After the drain (and the last flush): hand back the rows whose steps still run.
+
+        They would otherwise keep their lease until it lapsed and the reaper returned
+        them; handed back, another worker takes them at once. The attempt counts (the
+        step was cut off). Their step threads go on until the process exits; a late
+        outcome is refused by the flush guard. Returns the rows handed back.
+        """
+        with self._lock:
+            ids = sorted(self.in_flight)
+        if not ids:
+            return 0
+        try:
+            back = abandon(ids, self.worker_id, drain_timeout, self.using, self.limiter)
+        except Exception:
+            logger.exception("could not hand back %d running steps of %s; their leases will", len(ids), self.queue)
+            return 0
+        if back:
+            logger.warning("queue %s: %d steps still running after DRAIN_TIMEOUT (%ss) handed back "
+                           "(runnable now, attempt counted)", self.queue, len(back), drain_timeout)
+            telemetry.emit("scheduler.abandoned", {"count": len(back)}, {"queue": self.queue})
+        return len(back)
 
     def _release(self, jobs) -> list[int]:
         """Release buffered rows and credit the gate slots they hold (one transaction on Postgres)."""
@@ -390,6 +413,9 @@ class Scheduler:
                 # (Fetched anew: a connection a step left in a transaction was replaced.)
                 if db.connection(self.using).connection is not None and not run.abandoned:
                     close_old_connections()
+                # And like Django after a request: with DEBUG on, every query is kept in
+                # the connection's log until reset (memory grows with each step).
+                reset_queries()
         # Persistent connections (CONN_MAX_AGE) of this thread would outlive it.
         connections.close_all()
 
@@ -599,6 +625,7 @@ class Scheduler:
                     interval = min(interval, PAUSE_CHECK_INTERVAL)
             # Sleep no later than the next running step's timeout; give up on overdue ones.
             due = self.next_step_deadline(time.monotonic())
+            reset_queries()  # DEBUG keeps every query until reset
             self._wake.wait(interval if due is None else min(interval, due + 0.001))
             self._wake.clear()
             self.abandon_overdue()

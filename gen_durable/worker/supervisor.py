@@ -20,6 +20,8 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from django.conf import settings as django_settings
+
 from .. import db, schedules, sql
 from ..conf import get_settings
 from ..limiter import get_limiter
@@ -146,6 +148,10 @@ class Supervisor:
             self.token, self.config.queues, self.s.LEASE_TTL, self.s.HEARTBEAT_INTERVAL,
             self.s.POLL_INTERVAL, self.s.MAX_POLL_INTERVAL, self.s.NOTIFY, self.s.FLUSH,
             self.s.REAPER if self.config.reaper else "off", self.s.GC if self.config.gc else "off")
+        if django_settings.DEBUG:
+            logger.warning("DEBUG is on: Django records every query of every connection. The worker "
+                           "clears those logs after each step, flush and sweep, but DEBUG slows it "
+                           "down; turn it off in production.")
         self._register()
         logger.info("gen_durable worker %s limits (%s limiter): %s", self.token, self.limiter.name,
                     self.limiter.limits.describe())
@@ -195,6 +201,10 @@ class Supervisor:
             if role.name == "heartbeat":
                 role.stop()
         self.flusher.stop(timeout=5)
+        # Steps still running after the drain and the last flush: hand their rows back
+        # (runnable now, attempt counted) rather than leave them leased until the reaper.
+        for q, sched in self.schedulers.items():
+            results[q]["abandoned"] = sched.abandon_running(self.s.DRAIN_TIMEOUT)
         try:
             db.execute(sql.WORKER_UNREGISTER, {"id": self.token}, self.using)
         except Exception as exc:

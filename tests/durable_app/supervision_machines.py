@@ -55,13 +55,29 @@ class ThreeSteps(gd.Machine):
 
 
 class Sleeper(gd.Job):
-    """Sleeps args["sleep"] seconds (a long step for the shutdown tests)."""
+    """Sleeps args["sleep"] seconds (a long step for the shutdown tests); with
+    args["once"], only its first attempt sleeps."""
 
     name = "tests.faults.Sleeper"
     max_attempts = 5
 
     def perform(self, args, ctx):
         record(ctx, "start")
-        time.sleep(args["sleep"])
+        if not (args.get("once") and ctx.attempt > 0):
+            time.sleep(args["sleep"])
         record(ctx, "end")
         return {"attempt": ctx.attempt}
+
+
+class Queries(gd.Job):
+    """Runs args["queries"] small queries of about 10 kB of text each."""
+
+    name = "tests.faults.Queries"
+
+    def perform(self, args, ctx):
+        from django.db import connection
+
+        with connection.cursor() as cur:
+            for _ in range(args.get("queries", 1)):
+                cur.execute("SELECT %s::text IS NOT NULL", ["x" * 10_000])
+        return {"pad": "y" * args.get("result", 0)}

@@ -1,0 +1,27 @@
+-- abandon: at shutdown, hand back the rows whose steps were still running after
+-- DRAIN_TIMEOUT: runnable at once, attempt + 1 (the step was cut off; it counts towards
+-- max_attempts like a worker that died in it), last_error says why.
+-- Params: ids bigint[], worker text, drain float8 (seconds, for the message).
+-- Guard: locked_by = worker AND status = 'executing' (an outcome that committed first
+--   wins). Locks: id order, SKIP LOCKED — a row locked at that instant keeps its lease
+--   and comes back through the reaper. Returns the key and shard each row held (the
+--   locked version) for the gate-slot credit; the queues are notified on commit.
+WITH owned AS (
+    SELECT id, concurrency_key, concurrency_shard FROM gen_durable
+    WHERE id = ANY (%(ids)s::bigint[]) AND locked_by = %(worker)s AND status = 'executing'
+    ORDER BY id
+    FOR NO KEY UPDATE SKIP LOCKED
+), upd AS (
+    UPDATE gen_durable g
+    SET status = 'runnable', locked_by = NULL, lease_expires_at = NULL,
+        concurrency_shard = NULL, attempt = g.attempt + 1, eligible_at = now(),
+        last_error = format('the worker shut down during step %%s (attempt %%s): still running after '
+                            'DRAIN_TIMEOUT (%%s s)', g.step, g.attempt + 1, %(drain)s::float8),
+        updated_at = now()
+    FROM owned
+    WHERE g.id = owned.id
+    RETURNING g.id, g.queue, owned.concurrency_key, owned.concurrency_shard
+), wake AS (
+    SELECT pg_notify('gen_durable', queue) FROM (SELECT DISTINCT queue FROM upd) q
+)
+SELECT upd.id, upd.queue, upd.concurrency_key, upd.concurrency_shard FROM upd CROSS JOIN (SELECT count(*) FROM wake) w
