@@ -56,6 +56,8 @@ TASKS = {
 # over GEN_DURABLE). Unset in the pytest process itself.
 if os.environ.get("GEN_DURABLE_TEST_DB_NAME"):
     DATABASES["default"]["NAME"] = os.environ["GEN_DURABLE_TEST_DB_NAME"]
+if os.environ.get("GEN_DURABLE_TEST_DB_OVERRIDE"):  # JSON merged over the database's settings
+    DATABASES["default"].update(json.loads(os.environ["GEN_DURABLE_TEST_DB_OVERRIDE"]))
 if os.environ.get("GEN_DURABLE_TEST_SETTINGS"):
     GEN_DURABLE.update(json.loads(os.environ["GEN_DURABLE_TEST_SETTINGS"]))
 TEMPLATES = [{

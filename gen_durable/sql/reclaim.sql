@@ -1,12 +1,17 @@
--- reclaim: at start-up, release a dead predecessor's claims on this host and queue.
--- Spec: SPEC §4.9; behaviours LSE-05. No attempt bump.
--- Params: queue text, prefix text (host-level worker prefix), margin float8 (seconds:
---   LEASE_TTL - 2 x HEARTBEAT_INTERVAL). A live owner heartbeats, so its leases stay
---   above the margin; only claims not renewed for two intervals are taken.
+-- reclaim: at start-up, hand back a dead predecessor's claims on this host and queue.
+-- Spec: SPEC §4.9; behaviours LSE-05.
+-- Params: queue text, prefix text (worker-id prefix), margin float8 (seconds).
+--   Host-level prefix, margin LEASE_TTL - 2 x HEARTBEAT_INTERVAL: a live owner
+--   heartbeats, so its leases stay above the margin; only claims not renewed for two
+--   intervals are taken. A dead process's own prefix (`--processes N` restarting a
+--   child that died: its pid is known dead) with a margin past any lease: all of them.
+-- The predecessor died holding the row, maybe inside its step: like the reaper, the
+--   attempt counts (a step that kills its process reaches max_attempts) and last_error
+--   says why. Returns the key and shard each row held, for the gate-slot credit.
 -- starts_with() is a literal prefix test (LIKE would treat percent signs and underscores in names as patterns).
 -- Index: gen_durable_lease. Locks: id order, SKIP LOCKED.
 WITH stale AS (
-    SELECT id FROM gen_durable
+    SELECT id, concurrency_key, concurrency_shard FROM gen_durable
     WHERE status = 'executing' AND queue = %(queue)s
       AND starts_with(locked_by, %(prefix)s)
       AND lease_expires_at < now() + make_interval(secs => %(margin)s::float8)
@@ -15,7 +20,10 @@ WITH stale AS (
 )
 UPDATE gen_durable g
 SET status = 'runnable', locked_by = NULL, lease_expires_at = NULL,
-    concurrency_shard = NULL, eligible_at = now(), updated_at = now()
+    concurrency_shard = NULL, attempt = g.attempt + 1, eligible_at = now(),
+    last_error = format('the worker died during step %%s (attempt %%s); reclaimed at start-up',
+                        g.step, g.attempt + 1),
+    updated_at = now()
 FROM stale
 WHERE g.id = stale.id
-RETURNING g.id
+RETURNING g.id, stale.concurrency_key, stale.concurrency_shard

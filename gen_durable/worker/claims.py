@@ -192,9 +192,15 @@ def heartbeat(ids, worker: str, ttl: float, using=None) -> list[int]:
     return [r[0] for r in db.fetchall(sql.HEARTBEAT, {"ids": db.pg_array(ids), "worker": worker, "ttl": float(ttl)}, using)]
 
 
-def reclaim(queue: str, prefix: str, margin: float, using=None) -> list[int]:
-    """Release claims of `queue` under `prefix` whose lease decayed below `margin` seconds."""
-    rows = db.fetchall(sql.RECLAIM, {"queue": queue, "prefix": prefix, "margin": float(margin)}, using)
+def reclaim(queue: str, prefix: str, margin: float, using=None, limiter=None) -> list[int]:
+    """Hand back claims of `queue` under `prefix` whose lease decayed below `margin`
+    seconds (runnable, attempt + 1); credit their gate slots. Returns the ids."""
+    params = {"queue": queue, "prefix": prefix, "margin": float(margin)}
+    transactional = limiter is not None and limiter.transactional
+    with transaction.atomic(using=database_alias(using)) if transactional else nullcontext():
+        rows = db.fetchall(sql.RECLAIM, params, using)
+        if limiter is not None:
+            limiter.credit([limiter.slot_for(r[0], r[1], r[2]) for r in rows])
     return [r[0] for r in rows]
 
 

@@ -34,6 +34,8 @@ from .flusher import COMMIT_TIMEOUT
 
 logger = logging.getLogger("gen_durable.scheduler")
 
+# A margin past any lease: every claim of a process known to be dead is taken.
+DEAD_MARGIN = 10 * 365 * 86400.0
 RELEASE_ATTEMPTS = 5  # shutdown release passes over rows locked for a moment; retry them
 PAUSE_CHECK_INTERVAL = 1.0  # seconds: how stale this scheduler's view of a queue pause may be
 # Rows a pick claims after the limiter denied rows in the previous one: enough to move a
@@ -69,11 +71,12 @@ class TimedOut:
 
 
 class Scheduler:
-    def __init__(self, queue, concurrency, *, worker_id, prefix, flusher, limiter, settings, using=None):
+    def __init__(self, queue, concurrency, *, worker_id, prefix, flusher, limiter, settings, predecessors=(), using=None):
         self.queue = queue
         self.concurrency = concurrency
         self.worker_id = worker_id
         self.prefix = prefix
+        self.predecessors = tuple(predecessors)  # pids of dead processes whose claims are ours to take
         self.flusher = flusher
         self.limiter = limiter
         self.s = settings
@@ -226,8 +229,12 @@ class Scheduler:
 
     # --- loop -------------------------------------------------------------------
     def reclaim(self) -> int:
+        """Hand back a dead predecessor's claims: on this host, those not renewed for two
+        heartbeats; of the processes named in `predecessors` (known dead), all of them."""
         margin = max(self.s.LEASE_TTL - 2 * self.s.HEARTBEAT_INTERVAL, 0)
-        ids = reclaim(self.queue, self.prefix, margin, self.using)
+        ids = reclaim(self.queue, self.prefix, margin, self.using, self.limiter)
+        for pid in self.predecessors:
+            ids += reclaim(self.queue, f"{self.prefix}{pid}-", DEAD_MARGIN, self.using, self.limiter)
         if ids:
             telemetry.emit("scheduler.reclaimed", {"count": len(ids)}, {"queue": self.queue})
             logger.info("queue %s: reclaimed %d claims of a dead predecessor", self.queue, len(ids))

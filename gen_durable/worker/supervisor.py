@@ -49,6 +49,12 @@ class WorkerConfig:
     burst: bool = False  # exit 0 once no row of these queues is runnable or executing
     throughput_every: float = 10.0
     using: str | None = None
+    # A child of `rundurable --processes N`: the pid of its parent. When that process is
+    # gone (ppid changes), this one drains and exits instead of running on as an orphan.
+    parent_pid: int | None = None
+    # pids of dead processes of this host (children the parent saw die) whose claims
+    # this process takes back at start-up, whatever their lease says.
+    predecessors: tuple = ()
     extra: dict = field(default_factory=dict)
 
 
@@ -69,7 +75,8 @@ class Supervisor:
                                on_commit=self._on_commit, on_failure=self._on_failure)
         self.schedulers = {
             q: Scheduler(q, n, worker_id=worker_prefix(q) + self.token, prefix=worker_prefix(q),
-                         flusher=self.flusher, limiter=self.limiter, settings=self.s, using=self.using)
+                         flusher=self.flusher, limiter=self.limiter, settings=self.s,
+                         predecessors=config.predecessors, using=self.using)
             for q, n in config.queues.items()
         }
         self._stop = threading.Event()
@@ -203,8 +210,8 @@ class Supervisor:
         self.flusher.stop(timeout=5)
         # Steps still running after the drain and the last flush: hand their rows back
         # (runnable now, attempt counted) rather than leave them leased until the reaper.
-        for q, sched in self.schedulers.items():
-            results[q]["abandoned"] = sched.abandon_running(self.s.DRAIN_TIMEOUT)
+        for sched in self.schedulers.values():
+            sched.abandon_running(self.s.DRAIN_TIMEOUT)
         try:
             db.execute(sql.WORKER_UNREGISTER, {"id": self.token}, self.using)
         except Exception as exc:
@@ -238,6 +245,9 @@ class Supervisor:
                     logger.info("throughput: %s", ", ".join(f"{q} {r:.0f} steps/s" for q, r in rates.items()))
                 done_before = {q: s.completed for q, s in self.schedulers.items()}
                 last = now
+            if self.config.parent_pid is not None and os.getppid() != self.config.parent_pid:
+                logger.warning("parent process %s is gone; draining and stopping", self.config.parent_pid)
+                break
             if self.config.burst:
                 try:
                     if self.is_idle():

@@ -8,10 +8,58 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 from django.core.management.base import BaseCommand, CommandError
 
 from gen_durable.conf import get_settings
+
+
+# Supervision of `--processes N` children (seconds): first back-off and its cap, the run
+# time after which a child counts as stable (its slot's back-off resets), and how many
+# rapid deaths in a row of one slot stop the host with a non-zero exit.
+RESTART_BACKOFF = (1.0, 30.0)
+STABLE_AFTER = 60.0
+MAX_RAPID_DEATHS = 5
+
+
+# Start-up against a database that is down: first wait and its cap (seconds).
+CONNECT_BACKOFF = (0.5, 30.0)
+
+
+def _configure_logging(verbosity):
+    level = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}[verbosity]
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s")
+    logging.getLogger("gen_durable").setLevel(level)
+
+
+def wait_for_database(alias: str) -> int:
+    """Return once a connection to `alias` opens; until then retry with a capped back-off
+    (CONNECT_BACKOFF), one warning line per failed attempt. Returns the attempts made.
+
+    Only a failure to connect is retried (the server is down, starting, refusing or
+    unreachable); SIGTERM/SIGINT end the wait as they end the process.
+    """
+    from django.db import OperationalError, connections
+
+    log = logging.getLogger("gen_durable.worker")
+    conn = connections[alias]
+    attempt, delay = 0, CONNECT_BACKOFF[0]
+    while True:
+        attempt += 1
+        try:
+            conn.ensure_connection()
+        except OperationalError as exc:
+            reason = " ".join(str(exc).split()) or type(exc).__name__
+            log.warning("database %r unavailable (attempt %d: %s); retrying in %.1fs", alias, attempt,
+                        reason[:300], delay)
+            conn.close()
+            time.sleep(delay)
+            delay = min(delay * 2, CONNECT_BACKOFF[1])
+            continue
+        if attempt > 1:
+            log.info("database %r is up after %d attempts; starting", alias, attempt)
+        return attempt
 
 
 def queue_spec(value: str) -> tuple[str, int | None]:
@@ -56,11 +104,21 @@ class Command(BaseCommand):
         parser.add_argument("--burst", action="store_true",
                             help="Exit 0 once no row of these queues is runnable or executing.")
         parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
+        # pids of dead predecessors of a restarted child, whose claims it takes back at once
+        parser.add_argument("--predecessors", default="", help=argparse.SUPPRESS)
+        # the supervising parent's pid (read before Django set up: it may be gone by then)
+        parser.add_argument("--parent", type=int, default=None, help=argparse.SUPPRESS)
 
-    def handle(self, *, queue, processes, no_reaper, no_gc, burst, child, verbosity, **options):
-        level = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}[verbosity]
-        logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s")
-        logging.getLogger("gen_durable").setLevel(level)
+    def execute(self, *args, **options):
+        """Wait for the database (capped back-off, one log line per attempt), then run the
+        system and migration checks and the workers as usual."""
+        _configure_logging(options.get("verbosity", 1))
+        wait_for_database(get_settings().DATABASE)
+        return super().execute(*args, **options)
+
+    def handle(self, *, queue, processes, no_reaper, no_gc, burst, child, predecessors, parent, verbosity,
+               **options):
+        _configure_logging(verbosity)
         settings = get_settings()
         queues = dict(settings.QUEUES)
         if queue:
@@ -71,9 +129,12 @@ class Command(BaseCommand):
             return self._supervise(processes)
         from gen_durable.worker.supervisor import Supervisor, WorkerConfig
 
-        # Maintenance runs in the first process only: it is safe but redundant elsewhere.
+        # The reaper runs in every process: the others' rows depend on it, and a process
+        # can die. GC (nobody waits on it) runs in the first, which is restarted if it dies.
         first = child in (None, 0)
-        config = WorkerConfig(queues=queues, reaper=not no_reaper and first, gc=not no_gc and first, burst=burst)
+        config = WorkerConfig(queues=queues, reaper=not no_reaper, gc=not no_gc and first, burst=burst,
+                              parent_pid=parent,
+                              predecessors=tuple(int(p) for p in predecessors.split(",") if p))
         code = Supervisor(config).run()
         if code:
             raise CommandError(f"worker exited with {code}")
@@ -103,10 +164,19 @@ class Command(BaseCommand):
         self.stderr.write(f"Warning: {message}")
 
     def _supervise(self, processes: int):
-        argv = [a for a in sys.argv if not a.startswith("--processes")]
-        # drop a separate value after --processes
-        cleaned, skip = [], False
-        for a in sys.argv:
+        """Run `processes` children and keep them running until SIGTERM/SIGINT.
+
+        A child that dies (non-zero exit or a signal) is restarted after a back-off
+        (RESTART_BACKOFF, doubling to its cap; reset once a child ran STABLE_AFTER
+        seconds) and told its predecessor's pid, so it takes that process's claims back
+        at once. A slot that dies MAX_RAPID_DEATHS times in a row, each within
+        STABLE_AFTER of its start, stops the host: every child is stopped and the command
+        exits non-zero. A child exiting 0 (burst mode, done) is not restarted. Children
+        watch this process and drain and exit when it is gone.
+        """
+        log = logging.getLogger("gen_durable.worker")
+        base, skip = [], False
+        for a in sys.argv:  # this command line less --processes (and its value)
             if skip:
                 skip = False
                 continue
@@ -115,19 +185,68 @@ class Command(BaseCommand):
                 continue
             if a.startswith("--processes="):
                 continue
-            cleaned.append(a)
-        argv = cleaned
-        children = [subprocess.Popen([sys.executable] + argv + [f"--child={i}"]) for i in range(processes)]
+            base.append(a)
+        slots = [{"proc": None, "started": 0.0, "rapid": 0, "due": 0.0, "dead": [], "done": False}
+                 for _ in range(processes)]
+        stopping = []
+
+        def spawn(i):
+            slot = slots[i]
+            extra = [f"--predecessors={','.join(map(str, slot['dead']))}"] if slot["dead"] else []
+            slot["proc"] = subprocess.Popen([sys.executable] + base + [f"--child={i}", f"--parent={os.getpid()}"]
+                                            + extra)
+            slot["started"], slot["dead"] = time.monotonic(), []
 
         def forward(signum, frame):
-            for p in children:
-                if p.poll() is None:
-                    p.send_signal(signum)
+            stopping.append(signum)
+            for slot in slots:
+                if slot["proc"] is not None and slot["proc"].poll() is None:
+                    slot["proc"].send_signal(signum)
 
         signal.signal(signal.SIGTERM, forward)
         signal.signal(signal.SIGINT, forward)
-        codes = [p.wait() for p in children]
+        for i in range(processes):
+            spawn(i)
+        codes, gave_up = [], None
+        while True:
+            now = time.monotonic()
+            for i, slot in enumerate(slots):
+                proc = slot["proc"]
+                if proc is None or proc.poll() is None:
+                    if proc is None and not slot["done"]:
+                        if stopping:
+                            slot["done"] = True  # was waiting for its restart
+                        elif now >= slot["due"]:
+                            spawn(i)
+                    continue
+                slot["proc"], code = None, proc.returncode
+                if stopping or code == 0:
+                    slot["done"] = True
+                    codes.append(code)
+                    continue
+                how = f"was killed by signal {-code}" if code < 0 else f"exited with {code}"
+                slot["rapid"] = slot["rapid"] + 1 if now - slot["started"] < STABLE_AFTER else 1
+                slot["dead"].append(proc.pid)
+                if slot["rapid"] >= MAX_RAPID_DEATHS:
+                    gave_up = (i, proc.pid, how)
+                    break
+                delay = min(RESTART_BACKOFF[0] * 2 ** (slot["rapid"] - 1), RESTART_BACKOFF[1])
+                slot["due"] = now + delay
+                log.error("worker process %s (child %d) %s; restarting it in %.0fs (its claims are "
+                          "taken back at once)", proc.pid, i, how, delay)
+            if gave_up is not None:
+                i, pid, how = gave_up
+                log.error("worker process %s (child %d) %s: %d deaths in a row, each within %.0fs of "
+                          "its start; stopping every worker", pid, i, how, MAX_RAPID_DEATHS, STABLE_AFTER)
+                forward(signal.SIGTERM, None)
+                for slot in slots:
+                    if slot["proc"] is not None:
+                        slot["proc"].wait()
+                raise CommandError(f"worker child {i} keeps dying ({how}); gave up after {MAX_RAPID_DEATHS} "
+                                   "rapid restarts")
+            if all(slot["done"] for slot in slots):
+                break
+            time.sleep(0.2)
         bad = [c for c in codes if c]
         if bad:
             raise CommandError(f"{len(bad)} worker process(es) exited non-zero: {codes}")
-        os.environ.pop("GEN_DURABLE_CHILD", None)

@@ -1,0 +1,75 @@
+"""The database going away (docs/reliability.md "Database down"), on a cluster the test
+starts itself: a worker started while it is down waits and starts when it comes up."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import wait_until
+from tests.faults.cluster import own_cluster  # noqa: F401  (fixture)
+
+ROOT = Path(__file__).resolve().parents[2]
+MANAGE = [sys.executable, str(ROOT / "tests" / "manage.py")]
+DBNAME = "gd_faults"
+
+
+def env_for(cluster, **gen_durable):
+    env = dict(os.environ, DJANGO_SETTINGS_MODULE="tests.settings",
+               GEN_DURABLE_TEST_DB_OVERRIDE=json.dumps(cluster.db_override(DBNAME)))
+    env.pop("GEN_DURABLE_TEST_DB_NAME", None)
+    if gen_durable:
+        env["GEN_DURABLE_TEST_SETTINGS"] = json.dumps(gen_durable)
+    return env
+
+
+def prepare(cluster):
+    """Create and migrate the cluster's database."""
+    with cluster.connect() as c:
+        c.execute(f"CREATE DATABASE {DBNAME}")
+    done = subprocess.run(MANAGE + ["migrate", "-v", "0"], cwd=ROOT, env=env_for(cluster),
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def insert_jobs(cluster, queue, n, args):
+    with cluster.connect(DBNAME) as c:
+        return [c.execute("INSERT INTO gen_durable (fsm, step, state, queue) VALUES (%s, 'perform', %s, %s) "
+                          "RETURNING id", ["tests.faults.Sleeper", json.dumps(args), queue]).fetchone()[0]
+                for _ in range(n)]
+
+
+def statuses(cluster, ids):
+    with cluster.connect(DBNAME) as c:
+        return dict(c.execute("SELECT id, status::text FROM gen_durable WHERE id = ANY(%s)", [ids]).fetchall())
+
+
+@pytest.mark.slow
+def test_a_worker_started_while_the_database_is_down_waits_and_starts_when_it_comes_up(own_cluster, tmp_path):
+    """On main rundurable exited 1 with an 85-line traceback."""
+    own_cluster.start()
+    prepare(own_cluster)
+    own_cluster.stop()
+    log = tmp_path / "worker.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(MANAGE + ["rundurable", "--queue", "boot=1", "--verbosity", "1"], cwd=ROOT,
+                                env=env_for(own_cluster), stdout=out, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_until(lambda: log.read_text().count("unavailable (attempt") >= 3 or proc.poll() is not None,
+                   timeout=60, what="three connection attempts")
+        assert proc.poll() is None, log.read_text()[-3000:]
+        own_cluster.start()
+        ids = insert_jobs(own_cluster, "boot", 1, {"log": str(tmp_path / "runs.log"), "sleep": 0})
+        wait_until(lambda: statuses(own_cluster, ids) == {ids[0]: "done"}, timeout=90, what="the job done")
+    finally:
+        proc.kill()
+        proc.wait()
+    text = log.read_text()
+    assert "Traceback" not in text
+    attempts = [line for line in text.splitlines() if "unavailable (attempt" in line]
+    assert len(attempts) >= 3 and "database 'default' unavailable (attempt 1: " in attempts[0]
+    assert "is up after" in text

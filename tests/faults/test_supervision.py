@@ -1,0 +1,135 @@
+"""Supervision of `rundurable --processes N` (docs/reliability.md "Processes"): a dead
+child is restarted and its claims come back at once; children drain and exit when
+their parent dies; a step that kills its process stops at max_attempts."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import gen_durable as gd
+from gen_durable.models import Instance
+from tests.conftest import wait_until
+from tests.durable_app.supervision_machines import DiesInStep, Sleeper
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+
+def children_of(pid):
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid and fields[0] != "Z":
+                out.append(int(entry))
+    return sorted(out)
+
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def lines(log, what=None):
+    if not log.exists():
+        return []
+    out = [line.split() for line in log.read_text().splitlines()]
+    return [f for f in out if len(f) == 6 and (what is None or f[3] == what)]
+
+
+@pytest.fixture
+def host(tmp_path):
+    """start(queue, processes, **GEN_DURABLE) -> a `rundurable --processes N` host; it and
+    its children are killed at teardown."""
+    from tests.integration.test_rundurable import child_env
+
+    started = []
+
+    def start(queue, processes=2, concurrency=2, **conf):
+        out = open(tmp_path / f"host-{len(started)}.log", "w")
+        proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "manage.py"), "rundurable",
+                                 "--processes", str(processes), "--queue", f"{queue}={concurrency}",
+                                 "--verbosity", "1"], cwd=ROOT, env=child_env(**conf),
+                                stdout=out, stderr=subprocess.STDOUT, text=True)
+        out.close()
+        proc.log_path = tmp_path / f"host-{len(started)}.log"
+        started.append(proc)
+        wait_until(lambda: len(children_of(proc.pid)) == processes, timeout=30, what="the children")
+        return proc
+
+    yield start
+    for proc in started:
+        kids = children_of(proc.pid)
+        for pid in [proc.pid] + kids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.wait()
+
+
+# A long lease and reaper interval: what comes back within seconds came back through
+# the restarted child's start-up reclaim, not the reaper.
+SLOW_LEASE = dict(LEASE_TTL=60, HEARTBEAT_INTERVAL=20, REAPER={"INTERVAL": 60})
+
+
+def test_a_killed_child_is_restarted_and_its_claims_come_back_at_once(committed, host, queue_name, tmp_path):
+    """On main the host ran on with one child and the dead child's rows stayed
+    executing until the lease lapsed and a reaper — in the dead child only — ran."""
+    log = tmp_path / "runs.log"
+    ids = [gd.insert(Sleeper, args={"log": str(log), "sleep": 60, "once": True}, queue=queue_name)
+           for _ in range(4)]
+    proc = host(queue_name, **SLOW_LEASE)
+    wait_until(lambda: len(lines(log, "start")) == 4, timeout=60, what="four steps running")
+    victim = int(lines(log, "start")[0][4])
+    victims = {int(f[0]) for f in lines(log, "start") if int(f[4]) == victim}
+    os.kill(victim, signal.SIGKILL)
+    killed = time.monotonic()
+    wait_until(lambda: set(Instance.objects.filter(id__in=victims).values_list("status", flat=True)) == {"done"},
+               timeout=45, what="the dead child's rows done")
+    assert time.monotonic() - killed < 30  # well inside the 60 s lease
+    assert proc.poll() is None and len(children_of(proc.pid)) == 2
+    text = proc.log_path.read_text()
+    assert f"worker process {victim} (child" in text and "was killed by signal 9; restarting it in 1s" in text
+    assert "reclaimed" in text
+    for r in Instance.objects.filter(id__in=victims):
+        assert (r.attempt, r.result) == (1, {"attempt": 1})
+        assert "the worker died during step perform (attempt 1)" in r.last_error
+
+
+def test_children_drain_and_exit_when_their_parent_is_killed(committed, host, queue_name, tmp_path):
+    """On main both children kept claiming as orphans (a restarted host ran a second
+    set beside them)."""
+    proc = host(queue_name, DRAIN_TIMEOUT=1)
+    kids = children_of(proc.pid)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    wait_until(lambda: not any(alive(k) for k in kids), timeout=30, what="the orphaned children exited")
+
+
+def test_a_job_that_kills_its_worker_fails_at_max_attempts_and_the_host_runs_on(
+        committed, host, queue_name, tmp_path):
+    """On main a job that os._exit()s ran again at every lease (16 runs in 90 s for
+    max_attempts 3), taking a bystander down each time."""
+    log = tmp_path / "runs.log"
+    rid = gd.insert(DiesInStep, args={"log": str(log), "exit": True}, queue=queue_name)
+    proc = host(queue_name, **SLOW_LEASE)
+    wait_until(lambda: Instance.objects.get(id=rid).status == "failed", timeout=90, what="the job failed")
+    r = Instance.objects.get(id=rid)
+    assert r.attempt == DiesInStep.max_attempts
+    assert "reached max_attempts (3)" in r.last_error
+    assert len(lines(log, "start")) == DiesInStep.max_attempts
+    assert proc.poll() is None
+    wait_until(lambda: len(children_of(proc.pid)) == 2, timeout=30, what="both children running again")
