@@ -535,6 +535,7 @@ TARGETS = [
     ("sustained drain ≥ 50 % of the raw ceiling", "gd_sustained_200k", "raw_claim_complete", 0.5),
     ("drain ≥ 10× procrastinate", "gd_drain_c50_p2", "procrastinate", 10.0),
     ("drain ≥ 10× Django Tasks database backend", "gd_drain_c50_p2", "django_tasks_db", 10.0),
+    ("@task drain on gen_durable ≥ 10× django-tasks-db", "tasks_gen_durable", "tasks_django_tasks_db", 10.0),
     ("5-step machine steps/s ≥ job drain jobs/s", "gd_pipeline_5step_c50_p2", "gd_drain_c50_p2", 1.0),
     ("insert_all ≥ 50 % of the raw batch-insert ceiling", "gd_insert_all_100k", "raw_insert_unnest", 0.5),
 ]

@@ -25,6 +25,7 @@ import alt_procrastinate  # noqa: E402
 import gd_workloads  # noqa: E402
 import harness  # noqa: E402
 import raw_ceiling  # noqa: E402
+import tasks_backends  # noqa: E402
 
 # --------------------------------------------------------------------------------------
 # Registry: benchmark name -> workload callable ``fn(db_url: str) -> dict`` (contract in
@@ -41,6 +42,8 @@ ALTERNATIVE_WORKLOADS: dict[str, harness.Workload] = {
     "pgqueuer": alt_pgqueuer.workload,
     "procrastinate": alt_procrastinate.workload,
     "django_tasks_db": alt_django_tasks_db.workload,
+    # The same 20,000-task drain as tasks_gen_durable (bench/tasks_backends.py runs both).
+    "tasks_django_tasks_db": tasks_backends.dtdb_tasks,
 }
 
 # ======================================================================================
@@ -57,6 +60,7 @@ ALTERNATIVE_WORKLOADS: dict[str, harness.Workload] = {
 # "enqueue_rate", "knobs", "note"}.
 # ======================================================================================
 GEN_DURABLE_WORKLOADS: dict[str, harness.Workload] = dict(gd_workloads.WORKLOADS)
+GEN_DURABLE_WORKLOADS["tasks_gen_durable"] = tasks_backends.gd_tasks
 
 WORKLOADS: dict[str, harness.Workload] = {
     **GEN_DURABLE_WORKLOADS,

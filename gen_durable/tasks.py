@@ -20,6 +20,7 @@ smaller runs sooner), which keeps the order. Each finished attempt appends a rec
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import threading
 from importlib.util import find_spec
 from traceback import format_exception
@@ -62,8 +63,8 @@ else:  # Django 5.2 with the django-tasks backport
 # The framework's own names are re-exported (task, TaskContext, TaskResultStatus, …) so
 # code written against them runs on either framework version unchanged.
 __all__ = ["GenDurableBackend", "InvalidTask", "InvalidTaskBackend", "Task", "TaskContext", "TaskError",
-           "TaskMachine", "TaskResult", "TaskResultDoesNotExist", "TaskResultMismatch", "TaskResultStatus", "enqueue_all",
-           "from_django_priority", "task", "to_django_priority"]
+           "AsyncTaskMachine", "TaskMachine", "TaskResult", "TaskResultDoesNotExist", "TaskResultMismatch", "TaskResultStatus", "enqueue_all",
+           "from_django_priority", "machine_for", "task", "to_django_priority"]
 
 # OPTIONS of a GenDurableBackend and their defaults (docs/tasks.md).
 OPTION_DEFAULTS = {
@@ -110,22 +111,26 @@ class TaskMachine(Machine):
     initial: ClassVar[str] = STEP
     task: ClassVar[Any] = None  # the Task object the decorator made
 
-    @step
-    def run(self, ctx):
+    def _inputs(self, ctx):
         state = ctx.state if isinstance(ctx.state, dict) else {}
         self._gd_backend = backend_of(state.get("backend", DEFAULT_TASK_BACKEND_ALIAS))
-        args, kwargs = state.get("args", []), state.get("kwargs", {})
+        return state.get("args", []), state.get("kwargs", {})
+
+    def _done(self, value):
+        value = normalize_json(value)  # TypeError for a non-JSON return value: the attempt fails
+        self._gd_attempt_record = {}
+        return Done(value)
+
+    @step
+    def run(self, ctx):
+        args, kwargs = self._inputs(ctx)
         task = self.task
         if task.takes_context:
             # One read of the row, for a TaskResult as true as get_result's (attempt,
             # workers, errors so far); tasks without context skip it.
             result = self._gd_backend.get_result(str(ctx.id))
-            value = task.call(TaskContext(task_result=result), *args, **kwargs)
-        else:
-            value = task.call(*args, **kwargs)
-        value = normalize_json(value)  # TypeError for a non-JSON return value: the attempt fails
-        self._gd_attempt_record = {}
-        return Done(value)
+            return self._done(task.call(TaskContext(task_result=result), *args, **kwargs))
+        return self._done(task.call(*args, **kwargs))
 
     def handle(self, error, ctx):
         path = f"{type(error).__module__}.{type(error).__qualname__}"
@@ -144,6 +149,22 @@ class TaskMachine(Machine):
         if backend is not None and attempt < backend.max_attempts:
             return Retry(delay=backend.retry_delay(attempt))
         return Stop(f"{path}: {error}")
+
+
+class AsyncTaskMachine(TaskMachine):
+    """The machine of an `async def` task: its step runs on the worker's event loop.
+
+    Not for `takes_context` tasks: their context is read from the row on the step's
+    own connection (inside drain()'s transaction in tests), which an event-loop step
+    cannot use; those run as a sync step through asgiref's async_to_sync instead.
+    """
+
+    abstract: ClassVar[bool] = True
+
+    @step
+    async def run(self, ctx):
+        args, kwargs = self._inputs(ctx)
+        return self._done(await self.task.func(*args, **kwargs))
 
 
 _register_lock = threading.Lock()
@@ -165,7 +186,9 @@ def machine_for(task) -> type[TaskMachine]:
         attrs = {"name": name, "version": 1, "queue": task.queue_name, "task": task,
                  "__module__": task.func.__module__, "__qualname__": task.func.__qualname__,
                  "__doc__": task.func.__doc__}
-        return type(task.func.__name__, (TaskMachine,), attrs)
+        is_async = inspect.iscoroutinefunction(task.func) and not task.takes_context
+        base = AsyncTaskMachine if is_async else TaskMachine
+        return type(task.func.__name__, (base,), attrs)
 
 
 def backend_of(alias: str) -> "GenDurableBackend":

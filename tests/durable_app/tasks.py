@@ -64,3 +64,9 @@ def always_fails():
 async def async_add(a, b):
     await asyncio.sleep(0)
     return a + b
+
+
+@task(takes_context=True)
+async def async_whoami(context, tag):
+    await asyncio.sleep(0)
+    return {"attempt": context.attempt, "id": context.task_result.id, "tag": tag}

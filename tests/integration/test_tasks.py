@@ -19,6 +19,7 @@ from django.utils import timezone
 from gen_durable import testing
 from gen_durable.models import Instance
 from gen_durable.tasks import (
+    AsyncTaskMachine,
     GenDurableBackend,
     InvalidTask,
     InvalidTaskBackend,
@@ -26,6 +27,7 @@ from gen_durable.tasks import (
     TaskResultMismatch,
     TaskResultStatus,
     enqueue_all,
+    machine_for,
     task,
     task_backends,
 )
@@ -86,6 +88,14 @@ def test_async_enqueue_get_result_and_async_task_functions():
     assert fetched.status == TaskResultStatus.SUCCESSFUL and fetched.return_value == 5
     async_to_sync(result.arefresh)()
     assert result.return_value == 5
+    # async def tasks are async steps: they run on the worker's event loop.
+    assert issubclass(machine_for(t.async_add), AsyncTaskMachine)
+    assert not issubclass(machine_for(t.add), AsyncTaskMachine)
+    assert not issubclass(machine_for(t.async_whoami), AsyncTaskMachine)  # context: async_to_sync in a thread
+    ctx = t.async_whoami.enqueue("a")
+    testing.drain()
+    ctx.refresh()
+    assert ctx.return_value == {"attempt": 1, "id": ctx.id, "tag": "a"}
 
 
 def test_context_counts_attempts_from_one_and_sees_the_running_row():
@@ -293,6 +303,7 @@ def test_a_rundurable_worker_runs_tasks_and_results_read_across_processes(commit
     boom = t.fail.enqueue("in a subprocess")
     flaky = t.flaky.enqueue(2)
     aio = t.async_add.enqueue(20, 22)
+    aio_ctx = t.async_whoami.enqueue("sub")
     proc = subprocess.run(MANAGE + ["rundurable", "--burst", "--queue", "default=1", "--no-gc", "--verbosity", "0"],
                           cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -314,3 +325,5 @@ def test_a_rundurable_worker_runs_tasks_and_results_read_across_processes(commit
     assert boom.status == TaskResultStatus.FAILED and "in a subprocess" in boom.errors[0].traceback
     assert flaky.return_value == {"attempt": 2, "errors": 1} and flaky.attempts == 2
     assert aio.return_value == 42
+    aio_ctx.refresh()
+    assert aio_ctx.return_value == {"attempt": 1, "id": aio_ctx.id, "tag": "sub"}
