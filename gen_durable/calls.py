@@ -322,7 +322,8 @@ def retry(target, *, using=None) -> int:
     whole `max_attempts` again); any other keeps its `attempt`. `last_error` is kept.
     A failed child whose parent still waits on its children is counted on the join again.
     Failed instances are addressed by id: their correlation key was released when they
-    failed. Statements: 1. Returns the id.
+    failed. Statements: 1 (in a savepoint when called inside a transaction, so a racing
+    insert of the same key raises DuplicateInstance without aborting it). Returns the id.
     Raises:
         NoTarget: no such instance.
         NotRetryable: it is done, executing, or awaiting its children.

@@ -177,3 +177,36 @@ def test_a_worker_registers_its_queues_heartbeats_and_unregisters_on_stop(engine
     assert not Worker.objects.filter(id=sup.token).exists()
     with connection.cursor() as cur:
         cur.execute("DELETE FROM gen_durable_workers")
+
+
+def test_retry_racing_an_insert_of_the_same_key_leaves_one_live_instance(committed, queue_name):
+    """The insert holds the key uncommitted while retry revives the failed owner: retry
+    waits on the unique index, then reports DuplicateInstance (never a raw IntegrityError,
+    never two live rows with one key)."""
+    import threading
+
+    from django.db import transaction
+
+    from tests.helpers import ConnectionThread
+
+    key = f"{queue_name}:race"
+    failed = gd.insert(Plain, queue=queue_name, correlation_key=key)
+    Instance.objects.filter(id=failed).update(status="failed")
+    held = threading.Event()
+
+    def insert_and_hold():
+        with transaction.atomic():
+            id_ = gd.insert(Plain, queue=queue_name, correlation_key=key)
+            held.set()
+            time.sleep(0.5)  # retry runs meanwhile and waits on the key's index entry
+        return id_
+
+    inserter = ConnectionThread(insert_and_hold)
+    inserter.start()
+    assert held.wait(10)
+    with pytest.raises(gd.DuplicateInstance):
+        gd.retry(failed)
+    winner = inserter.join_result()
+    assert _row(failed).status == "failed"
+    live = Instance.objects.filter(correlation_key=key).exclude(status__in=["done", "failed"])
+    assert list(live.values_list("id", flat=True)) == [winner]

@@ -133,3 +133,34 @@ def test_flush_updates_by_primary_key_not_by_the_executing_set(scale):
     update = next(n for n in nodes(p) if n["Node Type"] == "ModifyTable" and n.get("Relation Name") == "gen_durable")
     used = index_scans(update)
     assert "gen_durable_pkey" in used and "gen_durable_lease" not in used, used
+
+
+# --- the admin's queue overview and changelist (docs/admin.md) ------------------------
+def test_overview_statements_never_scan_the_table(scale):
+    from gen_durable.overview import COUNT_CAP
+
+    cases = [
+        (sql.OVERVIEW_RUNNABLE_QUEUES, None, {"gen_durable_pick"}),
+        (sql.OVERVIEW_QUEUE_DEPTH, {"queues": ["q0", "q1", "q2"], "cap": COUNT_CAP}, {"gen_durable_pick"}),
+        (sql.OVERVIEW_EXECUTING, None, {"gen_durable_lease"}),
+        (sql.OVERVIEW_COMPLETIONS, {"minutes": 60}, {"gen_durable_gc"}),
+    ]
+    for statement, params, indexes in cases:
+        p = plan(statement, params)
+        assert not seq_scans_of_instances(p), statement.splitlines()[0]
+        assert indexes <= index_scans(p), (statement.splitlines()[0], index_scans(p))
+    # the chart counts from the index alone (status is implied by its predicate)
+    chart = plan(sql.OVERVIEW_COMPLETIONS, {"minutes": 60})
+    assert any(n["Node Type"] == "Index Only Scan" for n in nodes(chart))
+
+
+def test_changelist_pages_ride_an_index(scale):
+    from gen_durable.models import Instance
+
+    for qs in (Instance.objects.order_by("-id"),
+               Instance.objects.filter(status="failed").order_by("-id"),
+               Instance.objects.filter(queue="q1", status="runnable").order_by("-id"),
+               Instance.objects.filter(id__in=[5, 7]).order_by("-id")):
+        statement, params = qs[:50].query.sql_with_params()
+        p = plan(statement, params)
+        assert not seq_scans_of_instances(p), statement
