@@ -30,6 +30,13 @@ class DiesInStep(gd.Job):
         return {"attempt": ctx.attempt}
 
 
+class AlwaysDies(DiesInStep):
+    """DiesInStep with room for many deaths (the host gives up first)."""
+
+    name = "tests.faults.AlwaysDies"
+    max_attempts = 100
+
+
 class ThreeSteps(gd.Machine):
     """Three steps, each sleeping state["sleep"] seconds between its start and end lines."""
 

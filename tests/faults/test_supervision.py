@@ -133,3 +133,20 @@ def test_a_job_that_kills_its_worker_fails_at_max_attempts_and_the_host_runs_on(
     assert len(lines(log, "start")) == DiesInStep.max_attempts
     assert proc.poll() is None
     wait_until(lambda: len(children_of(proc.pid)) == 2, timeout=30, what="both children running again")
+
+
+def test_the_host_exits_non_zero_when_a_child_keeps_dying(committed, queue_name, tmp_path):
+    """Every run of the job kills its process: each slot dies again right after each
+    restart, and after MAX_RAPID_DEATHS in a row the host stops and exits non-zero
+    (quick constants: tests/faults/quick_supervision.py)."""
+    from tests.durable_app.supervision_machines import AlwaysDies
+    from tests.integration.test_rundurable import child_env
+
+    log = tmp_path / "runs.log"
+    gd.insert(AlwaysDies, args={"log": str(log), "exit": True}, queue=queue_name)
+    done = subprocess.run([sys.executable, str(ROOT / "tests" / "faults" / "quick_supervision.py"), "rundurable",
+                           "--processes", "2", "--queue", f"{queue_name}=1", "--verbosity", "1"],
+                          cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=180)
+    assert done.returncode != 0
+    assert "3 deaths in a row" in done.stderr and "keeps dying" in done.stderr
+    assert 3 <= len(lines(log, "start")) <= 5  # one slot's three deaths, the other's at most two

@@ -291,3 +291,66 @@ def test_gc_of_a_cancelled_parent_while_its_childs_done_flush_counts_it_off(
     assert Instance.objects.get(id=child.id).status == "done"
     assert maintenance.gc(RETENTION, 100) == 1  # the aged parent; the fresh child stays
     assert Instance.objects.get(id=child.id).parent_id is None
+
+
+def test_any_mix_of_gc_reaper_cancel_and_flush_passes_never_deadlocks(committed, queue_name):
+    """Eight sessions for three seconds: two GC passes, two reapers, two cancellers and
+    two flushers of children's Done outcomes, over live trees (parents joining executing
+    children, half of them with lapsed leases) and aged terminal trees."""
+    import random
+
+    from tests.factories import ExecutingFactory
+
+    live_parents, children = [], []
+    for _ in range(20):
+        p = InstanceFactory(queue=queue_name, status="awaiting_children", children_pending=3)
+        live_parents.append(p.id)
+        for k in range(3):
+            c = ExecutingFactory(queue=queue_name, parent=p, locked_by="w", fsm="tests.Plain")
+            children.append(c.id)
+    with connection.cursor() as cur:  # half the leases lapsed: the reapers take those
+        cur.execute("UPDATE gen_durable SET lease_expires_at = now() - interval '1 second' "
+                    "WHERE id = ANY(%s) AND id %% 2 = 0", [children])
+    seed_tree(queue_name, parents=20, children=3)
+    deadline = time.monotonic() + 3
+
+    def loop(fn):
+        def run():
+            rng = random.Random(threading.get_ident())
+            while time.monotonic() < deadline:
+                fn(rng)
+        return run
+
+    passes = [
+        loop(lambda rng: maintenance.gc(RETENTION, 7)),
+        loop(lambda rng: maintenance.reap()),
+        loop(lambda rng: cancel_if_live(rng.choice(live_parents + children))),
+        loop(lambda rng: flusher.flush([Entry(id=i, worker="w", kind="done", result="{}", fsm="tests.Plain",
+                                              queue=queue_name) for i in sorted(rng.sample(children, 4))])),
+    ]
+    barrier = threading.Barrier(8)
+    errors = []
+
+    def cancel_if_live(id_):
+        try:
+            gd.cancel(id_, reason="hammer")
+        except gd.NoTarget:  # already terminal (cancelled or done): nothing to do
+            pass
+
+    def run(fn):
+        try:
+            barrier.wait(30)
+            fn()
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=run, args=(p,)) for p in passes for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads)
+    assert errors == []
+    assert not Instance.objects.filter(queue=queue_name, children_pending__lt=0).exists()
