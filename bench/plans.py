@@ -35,7 +35,8 @@ def statements(conn):
     flush = {"id": ids, "worker": ["seed-worker"] * n, "kind": ["next"] * n, "step": ["s"] * n,
              "state": [None] * n, "result": [None] * n, "error": [None] * n, "delay": [0.0] * n,
              "awaits": [None] * n, "timeout": [None] * n, "set_key": [False] * n, "new_key": [None] * n,
-             "rate_limit": [None] * n, "weight": [1.0] * n, "detail": [None] * n, "c_target": [], "c_id": []}
+             "rate_limit": [None] * n, "weight": [1.0] * n, "detail": [None] * n, "c_target": [], "c_id": [],
+             "lease": 60.0}
     target = conn.execute("SELECT id FROM gen_durable WHERE status = 'runnable' LIMIT 1").fetchone()[0]
     return [
         ("pick (batch 50)", sql.PICK, {"queue": "q1", "limit": 50, "worker": "w", "ttl": 60.0, "gates": []}),
