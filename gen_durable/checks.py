@@ -396,3 +396,24 @@ def check_machine_queues(app_configs=None, **kwargs):
         warnings.append(Warning(f"Machine {name!r} runs on queue {cls.queue!r}, which no configured "
                                 "worker serves.", hint=hint, obj=cls, id=ID + "W003"))
     return warnings
+
+
+@register(Tags.database)
+def check_rate_limit_names(app_configs=None, databases=None, **kwargs):
+    """W004: live rows name rate limits that RATE_LIMITS does not configure (they would stall)."""
+    alias = get_settings().DATABASE
+    if not databases or alias not in databases:
+        return []
+    from django.db import DatabaseError
+
+    from .limiter import unknown_rate_limit_names
+
+    try:
+        unknown = unknown_rate_limit_names()
+    except DatabaseError:  # not migrated yet, or no server: other checks report that
+        return []
+    if not unknown:
+        return []
+    return [Warning(f"Rows waiting to run name rate limits that are not configured: {', '.join(unknown)}.",
+                    hint="Add them to GEN_DURABLE['RATE_LIMITS']; until then those rows stay runnable and "
+                         "are never admitted (each is re-offered every 60 s).", id=ID + "W004")]

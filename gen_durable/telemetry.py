@@ -43,8 +43,12 @@ runs it); `error` is the recorded error text of a retry or stop (None otherwise)
 concurrency key goes through the pick), "throttled" (the limiter denied the next step),
 "stopping" (the worker is shutting down). The row is requeued in each case.
 
-Rate-limit and gate events are emitted once configured limits are admitted (the
-limiter issue); the names are reserved here.
+Limit events (gen_durable/limiter/): `concurrency.throttled` / `rate_limit.throttled` once
+per key whose rows a pick's admission denied (wanted = rows offered, admitted/granted =
+rows let through); `rate_limit.contended` when two pickers minted the same cold rate
+bucket and the admission retried, `concurrency.contended` also when a counter's CHECK
+fenced an admission that retried; `rate_limit.unknown` when a Next names, or the pick
+meets, a rate limit that is not configured (key, name, fsm, step).
 """
 
 from __future__ import annotations

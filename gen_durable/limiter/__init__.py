@@ -52,6 +52,14 @@ def get_limiter(using=None) -> Limiter:
     return limiter
 
 
+def unknown_rate_limit_names(using=None) -> list[str]:
+    """Rate-limit names that runnable or executing rows carry but RATE_LIMITS lacks (one statement)."""
+    from .. import db, sql
+
+    names = sorted(get_limits().rates)
+    return sorted(r[0] for r in db.fetchall(sql.UNKNOWN_RATE_LIMITS, {"names": db.pg_array(names)}, using))
+
+
 def _build(settings, using) -> Limiter:
     lim = settings.LIMITER
     if isinstance(lim, dict) and lim.get("BACKEND") == "redis":

@@ -62,6 +62,7 @@ RECONCILE_COUNT = _load("reconcile_count")
 RECONCILE_HEAL = _load("reconcile_heal")
 SWEEP_RATE_BUCKETS = _load("sweep_rate_buckets")
 SYNC_LIMITS = _load("sync_limits")
+UNKNOWN_RATE_LIMITS = _load("unknown_rate_limits")
 TASK_ENQUEUE = _load("task_enqueue")
 
 

@@ -99,6 +99,7 @@ class Scheduler:
         self._paused = False
         self._paused_read = float("-inf")
         self._throttled = False  # the last pick had rows the limiter denied
+        self.on_deferred = None  # callback when a pick deferred denied rows (the process timer re-reads)
         self._thread = threading.Thread(target=self._loop, name=f"gd-sched-{queue}", daemon=True)
         self._steps: list[threading.Thread] = []  # sync step threads, started as sync rows need them
         self._threads = 0  # of them, alive and not stuck on an abandoned step
@@ -270,6 +271,8 @@ class Scheduler:
             # Widen the next claim only while denied rows dominate the head of the queue.
             denied = stats.get("denied", 0)
             self._throttled = denied > 0 and denied * 2 >= stats.get("claimed", 0)
+            if denied and self.on_deferred is not None:
+                self.on_deferred()  # they come due at their new eligible_at: wake then, not at the next poll
             claimed = len(jobs)
             telemetry.emit("pick.stop", {"count": claimed, "demand": demand,
                                          "duration": time.perf_counter() - started},

@@ -24,7 +24,7 @@ from django.conf import settings as django_settings
 
 from .. import db, schedules, sql
 from ..conf import get_settings
-from ..limiter import get_limiter
+from ..limiter import get_limiter, unknown_rate_limit_names
 from . import aio
 from .claims import heartbeat
 from .flusher import Flusher
@@ -79,6 +79,8 @@ class Supervisor:
                          predecessors=config.predecessors, using=self.using)
             for q, n in config.queues.items()
         }
+        for sched in self.schedulers.values():
+            sched.on_deferred = self._poke_timer  # rows the limiter deferred come due on time
         self._stop = threading.Event()
         self._roles = []
         self.listener = None
@@ -164,8 +166,12 @@ class Supervisor:
                     self.limiter.limits.describe())
         try:
             self.limiter.sync_config()
+            unknown = unknown_rate_limit_names(self.using)
+            if unknown:
+                logger.warning("rows name rate limits that GEN_DURABLE['RATE_LIMITS'] lacks: %s; they stay "
+                               "runnable and are never admitted until configured", ", ".join(unknown))
         except Exception as exc:  # visibility only: admission uses this process's settings
-            logger.warning("could not record the configured limits: %s", exc)
+            logger.warning("could not record or check the configured limits: %s", exc)
         self.flusher.start()
         for sched in self.schedulers.values():
             sched.start()

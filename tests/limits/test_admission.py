@@ -3,7 +3,6 @@
 Every test runs on both limiter backends (Postgres and the machine's Redis).
 """
 
-import time
 
 import pytest
 from django.db import connection

@@ -227,3 +227,16 @@ def test_redis_zero_rate_buckets_never_expire(redis_limiter, queue_name):
     client = redis_client()
     assert client.pttl(limiter.rate_key("frozen")) == -1
     assert 0 < client.pttl(limiter.rate_key("live")) <= 1100
+
+
+def test_check_and_start_up_warn_about_unconfigured_rate_limit_names(pg, queue_name, caplog):
+    from gen_durable.checks import check_rate_limit_names
+    from gen_durable.limiter import unknown_rate_limit_names
+
+    pg(rates={"api": {"allowed": 1, "period": 1}})
+    gd.insert(Plain, queue=queue_name, rate_limit=("ghost", 7))
+    gd.insert(Plain, queue=queue_name, rate_limit="api")
+    assert "ghost" in unknown_rate_limit_names() and "api" not in unknown_rate_limit_names()
+    (warning,) = check_rate_limit_names(databases=["default"])
+    assert warning.id == "gen_durable.W004" and "ghost" in warning.msg
+    assert check_rate_limit_names(databases=None) == []  # only with --database

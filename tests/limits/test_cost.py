@@ -4,7 +4,6 @@ import pytest
 from django.db import connection
 
 import gen_durable as gd
-from gen_durable.limiter import NullLimiter
 from gen_durable.worker import claims
 from gen_durable.worker.scheduler import LIMITED_WINDOW
 from tests.durable_app.durable import Plain
