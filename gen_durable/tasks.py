@@ -170,8 +170,13 @@ class AsyncTaskMachine(TaskMachine):
 _register_lock = threading.Lock()
 
 
-def machine_for(task) -> type[TaskMachine]:
-    """The TaskMachine registered for `task`'s function (made and registered on first use)."""
+def machine_for(task, max_attempts: int | None = None) -> type[TaskMachine]:
+    """The TaskMachine registered for `task`'s function (made and registered on first use).
+
+    max_attempts: the backend's MAX_ATTEMPTS, made the machine's limit, so an attempt
+    that ends with no outcome (its worker died) counts too and a task that kills its
+    worker every time ends FAILED instead of running forever.
+    """
     name = task.module_path
     try:
         cls = registry.get(name, 1)
@@ -183,7 +188,7 @@ def machine_for(task) -> type[TaskMachine]:
         if cls is not None and not issubclass(cls, TaskMachine):
             raise InvalidTask(f"{name} is already the name of a gen_durable machine ({cls.__qualname__}); "
                               "rename the task function or the machine")
-        attrs = {"name": name, "version": 1, "queue": task.queue_name, "task": task,
+        attrs = {"name": name, "version": 1, "queue": task.queue_name, "task": task, "max_attempts": max_attempts,
                  "__module__": task.func.__module__, "__qualname__": task.func.__qualname__,
                  "__doc__": task.func.__doc__}
         is_async = inspect.iscoroutinefunction(task.func) and not task.takes_context
@@ -266,7 +271,7 @@ class GenDurableBackend(BaseTaskBackend):
         if task.queue_name not in configured:
             raise InvalidTask(f"Queue {task.queue_name!r} is not in GEN_DURABLE['QUEUES'] "
                               f"({sorted(configured)}): no gen_durable worker would run it")
-        machine_for(task)
+        machine_for(task, self.max_attempts)
 
     def retry_delay(self, attempt: int) -> float:
         """Seconds before the next attempt after attempt `attempt` (from 1) failed."""

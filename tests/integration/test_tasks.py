@@ -247,19 +247,31 @@ def test_bulk_enqueue_is_one_statement():
     assert Instance.objects.count() == 51
 
 
-def test_a_lost_attempt_is_an_error_with_its_worker():
+def test_a_lost_attempt_is_an_error_with_its_worker_and_counts_as_an_attempt():
     from gen_durable import db, sql
 
-    result = t.add.enqueue(1, 1)
-    Instance.objects.filter(id=int(result.id)).update(
-        status="executing", locked_by="dead-worker", lease_expires_at=timezone.now() - dt.timedelta(seconds=1))
-    assert db.fetchall(sql.REAP, {"limit": 10})
-    result.refresh()
-    assert result.status == TaskResultStatus.READY and result.worker_ids == ["dead-worker"]
-    assert result.errors[0].exception_class_path == "gen_durable.exceptions.LeaseExpired"
+    def lose(result):
+        Instance.objects.filter(id=int(result.id)).update(
+            status="executing", locked_by="dead-worker", lease_expires_at=timezone.now() - dt.timedelta(seconds=1))
+        assert db.fetchall(sql.REAP, {"limit": 10})
+
+    retried = t.flaky.enqueue(1)  # the "retrying" backend: 3 attempts
+    lose(retried)
+    retried.refresh()
+    assert retried.status == TaskResultStatus.READY and retried.worker_ids == ["dead-worker"]
+    assert retried.errors[0].exception_class_path == "gen_durable.exceptions.LeaseExpired"
+    assert retried.errors[0].exception_class.__name__ == "LeaseExpired"
     testing.drain()
-    result.refresh()
-    assert result.return_value == 2 and result.attempts == 2
+    retried.refresh()
+    assert retried.return_value == {"attempt": 2, "errors": 1} and retried.attempts == 2
+
+    once = t.add.enqueue(1, 1)  # the default backend: 1 attempt, and the lost one was it
+    lose(once)
+    testing.drain()
+    once.refresh()
+    assert once.status == TaskResultStatus.FAILED and once.worker_ids == ["dead-worker"]
+    assert [e.exception_class_path for e in once.errors] == ["gen_durable.exceptions.LeaseExpired"]
+    assert "max_attempts (1)" in Instance.objects.get(id=int(once.id)).last_error
 
 
 def test_backend_options_are_validated():
@@ -327,3 +339,32 @@ def test_a_rundurable_worker_runs_tasks_and_results_read_across_processes(commit
     assert aio.return_value == 42
     aio_ctx.refresh()
     assert aio_ctx.return_value == {"attempt": 1, "id": aio_ctx.id, "tag": "sub"}
+
+
+def test_tasks_show_in_the_admin_under_their_function_path(admin_client):
+    result = t.add.enqueue(2, 2)
+    testing.drain()
+    listing = admin_client.get("/admin/gen_durable/instance/", {"machine": "tests.durable_app.tasks.add"})
+    body = listing.content.decode()
+    assert listing.status_code == 200 and "?machine=tests.durable_app.tasks.add" in body
+    assert f"/admin/gen_durable/instance/{result.id}/change/" in body
+    detail = admin_client.get(f"/admin/gen_durable/instance/{result.id}/change/").content.decode()
+    assert "tests.durable_app.tasks.add" in detail
+
+
+def test_a_stale_outcome_appends_no_attempt_record():
+    """The record rides the guarded flush: an outcome that lost its claim writes nothing."""
+    from gen_durable.worker.claims import pick
+    from gen_durable.worker.executor import execute
+    from gen_durable.worker.flusher import flush
+
+    result = t.add.enqueue(1, 2)
+    [job] = pick("default", 10, "w-old", 60.0)
+    entry = execute(job)
+    assert entry.kind == "done" and entry.detail == "{}"
+    # The lease moved to another worker meanwhile (reaped and re-claimed).
+    Instance.objects.filter(id=int(result.id)).update(locked_by="w-new")
+    outcome = flush([entry])
+    assert outcome.stale and not outcome.committed
+    row = Instance.objects.get(id=int(result.id))
+    assert (row.status, row.attempt_log, row.result) == ("executing", [], None)
