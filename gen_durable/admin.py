@@ -143,7 +143,8 @@ class InstanceAdmin(admin.ModelAdmin):
     fieldsets = (
         (None, {"fields": ("id", "machine", "fsm_version", "step", "status", "queue", "priority", "attempt",
                            "eligible_at", "correlation_key", "inserted_at", "updated_at")}),
-        ("State and outcome", {"fields": ("state_pretty", "result_pretty", "last_error_pretty")}),
+        ("State and outcome", {"fields": ("state_pretty", "result_pretty", "last_error_pretty",
+                                          "attempt_log_pretty")}),
         ("Lease", {"fields": ("locked_by", "lease_expires_at")}),
         ("Waiting", {"fields": ("awaits", "await_deadline", "parent_link", "children_pending")}),
         ("Limits", {"fields": ("concurrency_key", "concurrency_shard", "rate_limit", "weight")}),
@@ -211,6 +212,10 @@ class InstanceAdmin(admin.ModelAdmin):
     @admin.display(description="result")
     def result_pretty(self, obj):
         return _pretty(obj.result)
+
+    @admin.display(description="attempt log")
+    def attempt_log_pretty(self, obj):
+        return _pretty(obj.attempt_log or None)  # Django Tasks: one record per attempt
 
     @admin.display(description="last error")
     def last_error_pretty(self, obj):

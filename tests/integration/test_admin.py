@@ -276,3 +276,12 @@ def test_overview_pause_and_resume_buttons(admin_client, queue_name):
     assert f"Queue &#x27;{queue_name}&#x27; resumed." in response.content.decode()
     assert queue_name not in gd.paused_queues()
     assert admin_client.get(url).status_code == 405
+
+
+def test_a_django_task_row_shows_its_function_path_and_attempt_log(admin_client, queue_name):
+    row = InstanceFactory(fsm="shop.tasks.send_receipt_copy", step="perform", queue=queue_name, status="failed",
+                          attempt_log=[{"worker": "h:q:tok", "error": "SMTPError: down"}])
+    listing = admin_client.get(CHANGELIST, {"queue": queue_name}).content.decode()
+    assert "shop.tasks.send_receipt_copy" in listing
+    detail = admin_client.get(_change(row.id)).content.decode()
+    assert "SMTPError: down" in detail and "Attempt log" in detail
