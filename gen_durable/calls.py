@@ -250,8 +250,10 @@ def signal(target, name: str, payload=None, *, dedup_key: str | None = None, usi
     The signal lands in the target's inbox; a target parked awaiting `name` becomes
     runnable and its queue is notified on commit (SPEC §4.4). Signals to instances not
     parked on `name` wait in the inbox for a later Await.
-    Args: payload: JSON-serialisable; dedup_key: a redelivery with the same key to the
-        same target is a no-op while the first one is in the inbox.
+    Args: payload: JSON-serialisable; dedup_key (at most 255 characters): once a key
+        has been delivered to an instance — under any signal name — it stays delivered
+        for the instance's whole life, consumed or not; a redelivery stores nothing
+        and wakes nothing (docs/design.md#signals).
     Returns: the signal id, or None when `dedup_key` was already delivered.
     Raises: NoTarget (missing or terminal target; nothing is stored), InvalidInput,
         SerializationError.

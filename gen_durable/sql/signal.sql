@@ -2,8 +2,12 @@
 -- Spec: SPEC §1 signal, §4.4; seeds: internals "Signals"; behaviours SIG-01..05.
 -- Params: id bigint | NULL, key text | NULL (a live correlation_guard), name text,
 --   payload text (JSON), dedup_key text | NULL.
--- Index: primary key or gen_durable_correlation (target); gen_durable_signals_dedup
---   (ON CONFLICT: a redelivered dedup key is a no-op). Statements: 1.
+-- Index: primary key or gen_durable_correlation (target); the primary key of
+--   gen_durable_signal_dedup (ON CONFLICT: a dedup key already delivered to this
+--   instance, consumed or not, stores nothing). Statements: 1.
+-- Dedup: a key is recorded once per instance (across names) and kept until the
+--   instance is deleted; a deduplicated delivery inserts no inbox row and wakes
+--   nothing (the CASE also requires the insert to have happened).
 -- The wake matches the target by id ALONE and decides the flip in CASE, never in the
 -- WHERE: it always takes the row lock, so racing a park it queues behind the park's
 -- lock and re-evaluates the CASE against the committed parked row. A WHERE on status
@@ -20,20 +24,30 @@ WITH target AS (
       AND status NOT IN ('done', 'failed')
     LIMIT 1
     FOR NO KEY UPDATE
+), dedup AS (
+    INSERT INTO gen_durable_signal_dedup (target_id, dedup_key)
+    SELECT id, %(dedup_key)s::text FROM target WHERE %(dedup_key)s::text IS NOT NULL
+    ON CONFLICT DO NOTHING
+    RETURNING target_id
 ), ins AS (
     INSERT INTO gen_durable_signals (target_id, name, payload, dedup_key)
     SELECT id, %(name)s::text, %(payload)s::jsonb, %(dedup_key)s::text FROM target
+    WHERE %(dedup_key)s::text IS NULL OR EXISTS (SELECT 1 FROM dedup)
     ON CONFLICT (target_id, dedup_key) DO NOTHING
     RETURNING id, target_id
 ), wake AS (
     UPDATE gen_durable g
     SET status = CASE WHEN g.status = 'awaiting_signal' AND %(name)s::text = ANY (g.awaits)
+                      AND EXISTS (SELECT 1 FROM ins)
                       THEN 'runnable'::gen_durable_status ELSE g.status END,
         eligible_at = CASE WHEN g.status = 'awaiting_signal' AND %(name)s::text = ANY (g.awaits)
+                      AND EXISTS (SELECT 1 FROM ins)
                            THEN now() ELSE g.eligible_at END,
         await_deadline = CASE WHEN g.status = 'awaiting_signal' AND %(name)s::text = ANY (g.awaits)
+                      AND EXISTS (SELECT 1 FROM ins)
                               THEN NULL ELSE g.await_deadline END,
         updated_at = CASE WHEN g.status = 'awaiting_signal' AND %(name)s::text = ANY (g.awaits)
+                      AND EXISTS (SELECT 1 FROM ins)
                           THEN now() ELSE g.updated_at END
     FROM target t
     WHERE g.id = t.id
