@@ -13,6 +13,12 @@ WITH d AS (
 ), owned AS (
     SELECT g.id, d.delay FROM gen_durable g JOIN d ON g.id = d.id
     WHERE g.locked_by = %(worker)s AND g.status = 'executing'
+      -- Skip (and leave waiting) a row whose key another row holds while runnable:
+      -- its move would collide in the unique correlation index (docs/design.md#isolation).
+      AND NOT EXISTS (SELECT 1 FROM gen_durable c
+                      WHERE c.correlation_guard = CASE WHEN g.correlation_guard IS NULL
+                                                            AND 'runnable' = ANY (g.correlation_scope)
+                                                       THEN g.correlation_key END)
     ORDER BY g.id
     FOR NO KEY UPDATE OF g
 )

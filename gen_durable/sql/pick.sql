@@ -17,8 +17,10 @@
 --   key; the losers stay runnable. The unique arbiter index is the correctness backstop:
 --   a racing claim of the same key aborts this statement and the caller retries.
 WITH cand AS (
-    SELECT g.id, g.concurrency_key, g.priority, g.eligible_at,
-           (g.concurrency_key IS NOT NULL AND g.concurrency_name = ANY (%(gates)s::text[])) AS gated
+    SELECT g.id, g.concurrency_key, g.correlation_key, g.priority, g.eligible_at,
+           (g.concurrency_key IS NOT NULL AND g.concurrency_name = ANY (%(gates)s::text[])) AS gated,
+           (g.correlation_guard IS NULL AND g.correlation_key IS NOT NULL
+            AND 'executing' = ANY (g.correlation_scope)) AS enters
     FROM gen_durable g
     WHERE g.queue = %(queue)s
       AND g.status = 'runnable'
@@ -28,16 +30,29 @@ WITH cand AS (
           WHERE x.concurrency_key = g.concurrency_key
             AND x.status = 'executing' AND x.concurrency_shard IS NULL
             AND g.concurrency_name <> ALL (%(gates)s::text[]))
+      -- A key reserved while executing but not while runnable: the claim would put it
+      -- in the unique correlation index, so a row whose key another row holds waits.
+      -- The probe key is NULL (no index descent) for every row that is not entering
+      -- its scope, the default scope included.
+      AND NOT EXISTS (
+          SELECT 1 FROM gen_durable c
+          WHERE c.correlation_guard = CASE WHEN g.correlation_guard IS NULL
+                                                AND 'executing' = ANY (g.correlation_scope)
+                                           THEN g.correlation_key END)
     ORDER BY g.priority, g.eligible_at
     LIMIT %(limit)s
     FOR NO KEY UPDATE OF g SKIP LOCKED
 ), ranked AS (
-    SELECT id, gated,
+    SELECT c.id, c.gated,
            row_number() OVER (
-               PARTITION BY CASE WHEN gated OR concurrency_key IS NULL THEN id::text
-                                 ELSE concurrency_key END
-               ORDER BY priority, eligible_at, id) AS rn
-    FROM cand
+               PARTITION BY CASE WHEN c.gated OR c.concurrency_key IS NULL THEN c.id::text
+                                 ELSE c.concurrency_key END
+               ORDER BY c.priority, c.eligible_at, c.id) AS rn,
+           -- ...and of two such rows with one key in this batch, only the first.
+           row_number() OVER (
+               PARTITION BY CASE WHEN c.enters THEN c.correlation_key ELSE c.id::text END
+               ORDER BY c.priority, c.eligible_at, c.id) AS rc
+    FROM cand c
 )
 UPDATE gen_durable g
 SET status = 'executing',
@@ -46,7 +61,7 @@ SET status = 'executing',
     concurrency_shard = CASE WHEN r.gated THEN -1 END,
     updated_at = now()
 FROM ranked r
-WHERE g.id = r.id AND r.rn = 1
+WHERE g.id = r.id AND r.rn = 1 AND r.rc = 1
 RETURNING g.id, g.fsm, g.fsm_version, g.step, g.state, g.attempt, g.awaits, g.queue,
           g.priority, extract(epoch FROM g.eligible_at)::float8, g.concurrency_key, g.concurrency_shard, g.rate_limit,
           g.weight, g.correlation_key, g.parent_id

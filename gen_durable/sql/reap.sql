@@ -10,11 +10,28 @@
 -- Returns the key and shard each row held (the locked version), so the caller credits
 --   the gate slot in the same transaction.
 WITH expired AS (
-    SELECT id, concurrency_key, concurrency_shard FROM gen_durable
+    SELECT id, concurrency_key, concurrency_shard,
+           CASE WHEN correlation_guard IS NULL AND 'runnable' = ANY (correlation_scope)
+                THEN correlation_key END AS entering_key
+    FROM gen_durable
     WHERE status = 'executing' AND lease_expires_at < now()
+      -- Skip (and leave waiting) a row whose key another row holds while runnable:
+      -- its move would collide in the unique correlation index (docs/design.md#isolation).
+      AND NOT EXISTS (SELECT 1 FROM gen_durable c
+                      WHERE c.correlation_guard = CASE WHEN gen_durable.correlation_guard IS NULL
+                                                            AND 'runnable' = ANY (gen_durable.correlation_scope)
+                                                       THEN gen_durable.correlation_key END)
     ORDER BY id
     LIMIT %(limit)s
     FOR NO KEY UPDATE SKIP LOCKED
+), expired_first AS (
+    -- Of two rows of this batch entering the scope of one key, only the lower id moves.
+    SELECT * FROM (SELECT x.*, row_number() OVER (
+                       PARTITION BY CASE WHEN x.entering_key IS NULL THEN 'id:' || x.id
+                                         ELSE 'key:' || x.entering_key END
+                       ORDER BY x.id) AS rk
+                   FROM expired x) y
+    WHERE rk = 1
 ), upd AS (
     UPDATE gen_durable g
     SET status = 'runnable', locked_by = NULL, lease_expires_at = NULL,
@@ -31,7 +48,7 @@ WITH expired AS (
                                     'traceback', 'gen_durable.exceptions.LeaseExpired: the lease of '
                                         || g.locked_by || ' expired before the attempt recorded an '
                                         || 'outcome (the worker died or stalled)'))) END
-    FROM expired
+    FROM expired_first expired
     WHERE g.id = expired.id
     RETURNING g.id, g.queue, expired.concurrency_key, expired.concurrency_shard
 ), wake AS (

@@ -11,12 +11,29 @@
 -- starts_with() is a literal prefix test (LIKE would treat percent signs and underscores in names as patterns).
 -- Index: gen_durable_lease. Locks: id order, SKIP LOCKED.
 WITH stale AS (
-    SELECT id, concurrency_key, concurrency_shard FROM gen_durable
+    SELECT id, concurrency_key, concurrency_shard,
+           CASE WHEN correlation_guard IS NULL AND 'runnable' = ANY (correlation_scope)
+                THEN correlation_key END AS entering_key
+    FROM gen_durable
     WHERE status = 'executing' AND queue = %(queue)s
       AND starts_with(locked_by, %(prefix)s)
       AND lease_expires_at < now() + make_interval(secs => %(margin)s::float8)
+      -- Skip (and leave waiting) a row whose key another row holds while runnable:
+      -- its move would collide in the unique correlation index (docs/design.md#isolation).
+      AND NOT EXISTS (SELECT 1 FROM gen_durable c
+                      WHERE c.correlation_guard = CASE WHEN gen_durable.correlation_guard IS NULL
+                                                            AND 'runnable' = ANY (gen_durable.correlation_scope)
+                                                       THEN gen_durable.correlation_key END)
     ORDER BY id
     FOR NO KEY UPDATE SKIP LOCKED
+), stale_first AS (
+    -- Of two rows of this batch entering the scope of one key, only the lower id moves.
+    SELECT * FROM (SELECT x.*, row_number() OVER (
+                       PARTITION BY CASE WHEN x.entering_key IS NULL THEN 'id:' || x.id
+                                         ELSE 'key:' || x.entering_key END
+                       ORDER BY x.id) AS rk
+                   FROM stale x) y
+    WHERE rk = 1
 )
 UPDATE gen_durable g
 SET status = 'runnable', locked_by = NULL, lease_expires_at = NULL,
@@ -24,6 +41,6 @@ SET status = 'runnable', locked_by = NULL, lease_expires_at = NULL,
     last_error = format('the worker died during step %%s (attempt %%s); reclaimed at start-up',
                         g.step, g.attempt + 1),
     updated_at = now()
-FROM stale
+FROM stale_first stale
 WHERE g.id = stale.id
 RETURNING g.id, stale.concurrency_key, stale.concurrency_shard

@@ -2,14 +2,31 @@
 -- Spec: SPEC §4.9, §5; behaviours LSE-06, PICK-12/14. No attempt bump.
 -- Params: ids bigint[], worker text. Guard: locked_by = worker AND status = 'executing'.
 WITH owned AS (
-    SELECT id FROM gen_durable
+    SELECT id,
+           CASE WHEN correlation_guard IS NULL AND 'runnable' = ANY (correlation_scope)
+                THEN correlation_key END AS entering_key
+    FROM gen_durable
     WHERE id = ANY (%(ids)s::bigint[]) AND locked_by = %(worker)s AND status = 'executing'
+      -- Skip (and leave waiting) a row whose key another row holds while runnable:
+      -- its move would collide in the unique correlation index (docs/design.md#isolation).
+      AND NOT EXISTS (SELECT 1 FROM gen_durable c
+                      WHERE c.correlation_guard = CASE WHEN gen_durable.correlation_guard IS NULL
+                                                            AND 'runnable' = ANY (gen_durable.correlation_scope)
+                                                       THEN gen_durable.correlation_key END)
     ORDER BY id
     FOR NO KEY UPDATE SKIP LOCKED
+), owned_first AS (
+    -- Of two rows of this batch entering the scope of one key, only the lower id moves.
+    SELECT * FROM (SELECT x.*, row_number() OVER (
+                       PARTITION BY CASE WHEN x.entering_key IS NULL THEN 'id:' || x.id
+                                         ELSE 'key:' || x.entering_key END
+                       ORDER BY x.id) AS rk
+                   FROM owned x) y
+    WHERE rk = 1
 )
 UPDATE gen_durable g
 SET status = 'runnable', locked_by = NULL, lease_expires_at = NULL,
     concurrency_shard = NULL, updated_at = now()
-FROM owned
+FROM owned_first owned
 WHERE g.id = owned.id
 RETURNING g.id

@@ -71,6 +71,10 @@ def pick(queue: str, limit: int, worker: str, ttl: float, *, gates=(), using=Non
             rows = db.fetchall(sql.PICK, params, using)
             break
         except IntegrityError as exc:
+            if "gen_durable_correlation" in str(exc):
+                # A racing claim took the other row of a key reserved only while
+                # executing; the retry's probe sees it and leaves this row waiting.
+                continue
             if "gen_durable_concurrency_active" not in str(exc):
                 raise
             if attempt + 1 < CLAIM_ATTEMPTS:
