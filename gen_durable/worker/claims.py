@@ -44,6 +44,7 @@ class Claimed:
     slot: object = None
     raw_state: str | None = None  # the state as committed (JSON text): an inline continuation
     #                               that keeps the state starts from it, not from a mutated ctx.state
+    prefetched: bool = False  # claimed beyond the free slots: re-checked before it starts
 
 
 def pick(queue: str, limit: int, worker: str, ttl: float, *, gates=(), using=None, limiter=None,
@@ -187,6 +188,13 @@ def release(ids, worker: str, using=None) -> list[int]:
     if not ids:
         return []
     return [r[0] for r in db.fetchall(sql.RELEASE, {"ids": db.pg_array(ids), "worker": worker}, using)]
+
+
+def still_owned(ids, worker: str, using=None) -> set[int]:
+    """The subset of `ids` still claimed by `worker` (not cancelled or reaped). Statements: 1."""
+    if not ids:
+        return set()
+    return {r[0] for r in db.fetchall(sql.STILL_OWNED, {"ids": db.pg_array(ids), "worker": worker}, using)}
 
 
 def heartbeat(ids, worker: str, ttl: float, using=None) -> list[int]:

@@ -26,7 +26,7 @@ from django.db import close_old_connections, connections, reset_queries, transac
 
 from .. import db, sql, telemetry
 from ..conf import database_alias
-from .claims import abandon, pick, reclaim, release
+from .claims import abandon, pick, reclaim, release, still_owned
 from . import aio
 from .executor import (aexecute, continuation, error_text, execute, execute_timeout, is_async, job_timeout, past_deadline,
                        requeue_entry, stop_entry)
@@ -281,6 +281,11 @@ class Scheduler:
                 for job in jobs:
                     job.is_async = is_async(job)
                 with self._lock:
+                    # Rows beyond the free slots wait in the buffer (PREFETCH): they
+                    # re-check their claim before starting (`_still_ours`).
+                    free = max(self.concurrency - self.running - len(self.buffer), 0)
+                    for job in jobs[free:]:
+                        job.prefetched = True
                     self.buffer.extend(jobs)
                     self._dispatch_locked()
         telemetry.emit("scheduler.saturation", {"in_flight": len(self.in_flight), "buffer": len(self.buffer),
@@ -382,7 +387,8 @@ class Scheduler:
                 run = self._runs[me] = Run(job, handling=task is not None)
                 if not self.buffer:
                     self._wake.set()  # the buffer ran dry: claim the next batch meanwhile
-            self.flusher.step_started()
+            if task is None and not self._still_ours(job):
+                continue
             submitted = False
             try:
                 if task is not None:
@@ -428,6 +434,30 @@ class Scheduler:
                 reset_queries()
         # Persistent connections (CONN_MAX_AGE) of this thread would outlive it.
         connections.close_all()
+
+    def _still_ours(self, job) -> bool:
+        """Whether `job` may start. A row claimed beyond the free slots (PREFETCH) waited
+        in the buffer: it is checked first (one primary-key probe), so a row cancelled
+        while it waited never runs its step. Rows claimed for a free slot start at once
+        without the check, so with PREFETCH = 0 the hot path is unchanged."""
+        if not job.prefetched:
+            return True
+        try:
+            if job.id in still_owned([job.id], self.worker_id, self.using):
+                return True
+        except Exception:
+            logger.warning("could not re-check buffered row %s#%s; running it", job.fsm, job.id, exc_info=True)
+            return True
+        logger.info("%s#%s was cancelled or lost its claim while buffered; its step %r does not run",
+                    job.fsm, job.id, job.step)
+        telemetry.emit("outcome.stale", {"count": 1}, {"id": job.id, "fsm": job.fsm, "step": job.step,
+                                                       "kind": "unstarted"})
+        self.settle([job.id], completed=False)
+        with self._lock:
+            self.running -= 1
+            self._runs.pop(threading.current_thread(), None)
+            self._dispatch_locked()
+        return False
 
     def _timed(self, run, job, fn):
         """Run `fn()` (one step of `job`) under its time budget; raise Abandoned when the

@@ -126,3 +126,41 @@ def test_a_user_backoff_of_2_to_the_attempt_is_clamped_not_an_overflow():
     row = Instance.objects.get(id=id_)
     assert (row.status, row.attempt) == ("runnable", 1025)
     assert row.last_error.startswith("ValueError: flaky")
+
+
+RAN: list = []
+GATE = __import__("threading").Event()
+
+
+class Blocker(gd.Machine):
+    """The first instance holds the only step thread until GATE opens; others record that they ran."""
+
+    name = "tests.isolation.Blocker"
+
+    @gd.step
+    def start(self, ctx):
+        if ctx.state.get("block"):
+            GATE.wait(30)
+        else:
+            RAN.append(ctx.id)
+        return gd.Done()
+
+
+def test_a_row_cancelled_while_buffered_never_runs_its_step(engine, queue_name, settings):
+    settings.GEN_DURABLE = {**settings.GEN_DURABLE, "PREFETCH": 5}
+    RAN.clear()
+    GATE.clear()
+    blocker = gd.insert(Blocker, state={"block": True}, queue=queue_name)
+    engine({queue_name: 1})
+    wait_until(lambda: Instance.objects.filter(id=blocker, status="executing").exists(), what="blocker running")
+    buffered = gd.insert_all([gd.Spec(Blocker, queue=queue_name) for _ in range(3)])
+    wait_until(lambda: Instance.objects.filter(id__in=buffered, status="executing").count() == 3,
+               timeout=30, what="three rows claimed into the buffer")
+    for id_ in buffered:
+        gd.cancel(id_, "customer left")
+    GATE.set()
+    wait_until(lambda: Instance.objects.filter(id=blocker, status="done").exists(), timeout=30, what="blocker done")
+    later = gd.insert(Blocker, queue=queue_name)  # the thread goes on with fresh work
+    wait_until(lambda: Instance.objects.filter(id=later, status="done").exists(), timeout=30, what="later done")
+    assert RAN == [later]  # no cancelled row ran its step
+    assert set(Instance.objects.filter(id__in=buffered).values_list("status", flat=True)) == {"failed"}
