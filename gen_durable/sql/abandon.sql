@@ -7,10 +7,27 @@
 --   and comes back through the reaper. Returns the key and shard each row held (the
 --   locked version) for the gate-slot credit; the queues are notified on commit.
 WITH owned AS (
-    SELECT id, concurrency_key, concurrency_shard FROM gen_durable
+    SELECT id, concurrency_key, concurrency_shard,
+           CASE WHEN correlation_guard IS NULL AND 'runnable' = ANY (correlation_scope)
+                THEN correlation_key END AS entering_key
+    FROM gen_durable
     WHERE id = ANY (%(ids)s::bigint[]) AND locked_by = %(worker)s AND status = 'executing'
+      -- Skip (and leave waiting) a row whose key another row holds while runnable:
+      -- its move would collide in the unique correlation index (docs/design.md#isolation).
+      AND NOT EXISTS (SELECT 1 FROM gen_durable c
+                      WHERE c.correlation_guard = CASE WHEN gen_durable.correlation_guard IS NULL
+                                                            AND 'runnable' = ANY (gen_durable.correlation_scope)
+                                                       THEN gen_durable.correlation_key END)
     ORDER BY id
     FOR NO KEY UPDATE SKIP LOCKED
+), owned_first AS (
+    -- Of two rows of this batch entering the scope of one key, only the lower id moves.
+    SELECT * FROM (SELECT x.*, row_number() OVER (
+                       PARTITION BY CASE WHEN x.entering_key IS NULL THEN 'id:' || x.id
+                                         ELSE 'key:' || x.entering_key END
+                       ORDER BY x.id) AS rk
+                   FROM owned x) y
+    WHERE rk = 1
 ), upd AS (
     UPDATE gen_durable g
     SET status = 'runnable', locked_by = NULL, lease_expires_at = NULL,
@@ -18,7 +35,7 @@ WITH owned AS (
         last_error = format('the worker shut down during step %%s (attempt %%s): still running after '
                             'DRAIN_TIMEOUT (%%s s)', g.step, g.attempt + 1, %(drain)s::float8),
         updated_at = now()
-    FROM owned
+    FROM owned_first owned
     WHERE g.id = owned.id
     RETURNING g.id, g.queue, owned.concurrency_key, owned.concurrency_shard
 ), wake AS (

@@ -78,6 +78,10 @@ def test_release_and_await_expiry_skip_the_colliding_row(committed, queue_name):
     Instance.objects.filter(id=stuck).update(locked_by="w")
     Instance.objects.filter(id=holder).update(status="runnable", locked_by=None)  # holds "k" again
     assert set(claims.release([stuck, other], "w")) == {other}
+    again = gd.insert(Plain, queue=queue_name)
+    claims.pick(queue_name, 50, "w", 60)
+    Instance.objects.filter(id=holder).update(status="runnable", locked_by=None)
+    assert set(claims.abandon([stuck, again], "w", 5.0)) == {again}  # shutdown hand-back too
     with connection.cursor() as cur:  # park the stuck row with a lapsed await deadline
         cur.execute("UPDATE gen_durable SET status = 'awaiting_signal', awaits = '{go}', locked_by = NULL, "
                     "await_deadline = now() - interval '1 second' WHERE id = %s", [stuck])
