@@ -186,7 +186,7 @@ def check_schedules(app_configs=None, **kwargs):
     raw = get_settings().SCHEDULES
     if not isinstance(raw, dict):
         return [Error(f"GEN_DURABLE['SCHEDULES'] must be a dict of name -> schedule, got {raw!r}.",
-                      hint='For example {"nightly": {"cron": "0 3 * * *", "machine": "reports.Nightly"}}.',
+                      hint='For example {"nightly": {"cron": "0 3 * * *", "machine": "reports.durable.Nightly"}}.',
                       id=ID + "E021")]
     errors, seen = [], {}
     for name, cfg, where in declared():

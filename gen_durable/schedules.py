@@ -31,6 +31,7 @@ first occurrence; expressions with a wildcard/range hour run on every real hour.
 from __future__ import annotations
 
 import datetime as dt
+import difflib
 import logging
 import zoneinfo
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ from typing import Any
 
 from cronsim import CronSim, CronSimError
 from django.conf import settings as django_settings
+from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 
 from . import db, registry, sql, telemetry
@@ -135,12 +137,17 @@ def validate(name, cfg, where: str) -> list[str]:
             problems.append(f"{where}: bad cron expression {cron!r} ({exc})")
     machine = cfg.get("machine")
     if not isinstance(machine, str):
-        problems.append(f"{where} needs 'machine', a registered machine name such as 'reports.Nightly'")
+        problems.append(f"{where} needs 'machine', a registered machine name such as 'reports.durable.Nightly'")
     else:
         try:
             registry.latest(machine)
         except UnknownMachine:
-            problems.append(f"{where}: unknown machine {machine!r} (is its durable.py in an installed app?)")
+            known = sorted({name for name, _version in registry.all_machines()})
+            close = difflib.get_close_matches(machine, known, n=3, cutoff=0.3)
+            problems.append(f"{where}: unknown machine {machine!r} — a machine's name is "
+                            "'<module>.<QualName>' (e.g. 'shop.durable.Checkout') unless its class sets `name`"
+                            + (f"; did you mean {' or '.join(map(repr, close))}?" if close else
+                               "; is its durable.py in an installed app?"))
     tz = cfg.get("timezone", default_timezone())
     if not _known_timezone(tz):
         problems.append(f"{where}: unknown timezone {tz!r} (an IANA name such as 'Europe/Paris')")
@@ -153,6 +160,8 @@ def validate(name, cfg, where: str) -> list[str]:
             build_row(machine, state=cfg.get("state", {}))
         except GenDurableError as exc:
             problems.append(f"{where}: its state cannot be stored: {exc}")
+        except ImproperlyConfigured:
+            pass  # malformed RATE_LIMITS / CONCURRENCY_LIMITS: check E007 names the entry
     return problems
 
 

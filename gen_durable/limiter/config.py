@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from django.core.exceptions import ImproperlyConfigured
+
 from ..conf import get_settings
 
 DEFAULT_GATE_RETRY = 0.25  # seconds: a denied gated row is re-offered after this, spaced per `limit` rows
@@ -73,17 +75,27 @@ def name_of(key: str) -> str:
 
 
 def parse(rate_limits: dict, concurrency_limits: dict) -> Limits:
-    rates = {}
-    for name, cfg in (rate_limits or {}).items():
-        allowed, period = float(cfg["allowed"]), float(cfg["period"])
-        burst = float(cfg.get("burst", allowed))
-        rates[name] = RateLimit(name=name, rate=allowed / period, burst=burst, shards=int(cfg.get("shards", 1)))
-    gates = {}
-    for name, cfg in (concurrency_limits or {}).items():
-        limit = int(cfg["limit"])
-        shards = max(1, min(int(cfg.get("shards", 1)), limit))
-        gates[name] = Gate(name=name, limit=limit, shards=shards,
-                           retry=float(cfg.get("retry", DEFAULT_GATE_RETRY)))
+    """Parse RATE_LIMITS and CONCURRENCY_LIMITS.
+
+    Raises ImproperlyConfigured naming the entry when one is malformed (system check
+    gen_durable.E007 reports the details; `rundurable` never starts with one).
+    """
+    rates, gates = {}, {}
+    try:
+        for name, cfg in (rate_limits or {}).items():
+            where = f"GEN_DURABLE['RATE_LIMITS'][{name!r}]"
+            allowed, period = float(cfg["allowed"]), float(cfg["period"])
+            burst = float(cfg.get("burst", allowed))
+            rates[name] = RateLimit(name=name, rate=allowed / period, burst=burst, shards=int(cfg.get("shards", 1)))
+        for name, cfg in (concurrency_limits or {}).items():
+            where = f"GEN_DURABLE['CONCURRENCY_LIMITS'][{name!r}]"
+            limit = int(cfg["limit"])
+            shards = max(1, min(int(cfg.get("shards", 1)), limit))
+            gates[name] = Gate(name=name, limit=limit, shards=shards,
+                               retry=float(cfg.get("retry", DEFAULT_GATE_RETRY)))
+    except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError) as exc:
+        raise ImproperlyConfigured(f"{where} is malformed ({type(exc).__name__}: {exc}); "
+                                   "run `manage.py check` for details") from exc
     return Limits(rates=rates, gates=gates)
 
 

@@ -100,3 +100,20 @@ def test_a_queue_nothing_uses_is_refused_with_burst_and_warned_about_without(tra
     err = StringIO()
     with pytest.raises(CommandError, match="refusing --burst"):
         call_command("rundurable", "--burst", "--queue", "emial", "--queue", "default", verbosity=0, stderr=err)
+
+
+def test_an_unmigrated_database_is_refused_at_start_up(transactional_db):
+    """Without gen_durable's tables every pick and sweep would fail forever: refuse to start."""
+    name = f"gd_unmigrated_{os.getpid()}"
+    with connection.cursor() as cur:
+        cur.execute(f"DROP DATABASE IF EXISTS {name}")
+        cur.execute(f"CREATE DATABASE {name}")
+    try:
+        env = dict(child_env(), GEN_DURABLE_TEST_DB_NAME=name)
+        proc = subprocess.run(MANAGE + ["rundurable", "--burst"], env=env,
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode != 0
+        assert "migrations are not applied" in proc.stderr and "manage.py migrate" in proc.stderr
+    finally:
+        with connection.cursor() as cur:
+            cur.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")

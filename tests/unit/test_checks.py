@@ -468,3 +468,24 @@ def test_a_machine_whose_queue_no_configured_worker_serves_is_warned_about():
             assert not [m for m in check_machine_queues() if m.obj is Mistyped]
     finally:
         registry._machines.pop(("tests.checks.Mistyped", 1), None)
+
+
+@pytest.mark.parametrize("limits, expected", [
+    ({"RATE_LIMITS": {"api": {"alowed": 5, "period": 1}}}, rate_error("api")),
+    ({"CONCURRENCY_LIMITS": {"erp": {"limt": 2}}}, gate_error("erp")),
+], ids=["rate-typo", "gate-typo"])
+def test_a_malformed_limit_beside_a_schedule_is_reported_not_raised(limits, expected):
+    """The schedule check builds its row (rate-limit lookups included): a malformed limit
+    must surface as E007, never as a KeyError out of `manage.py check`."""
+    schedules = {"tick": {"cron": "*/5 * * * *", "machine": "tests.Counter"}}
+    with override_settings(GEN_DURABLE={**limits, "SCHEDULES": schedules}):
+        messages = [m for check in (checks.check_limits, checks.check_schedules) for m in check()]
+    assert expected in messages
+    assert [m.id for m in messages] == ["gen_durable.E007"]
+
+
+def test_an_unknown_schedule_machine_suggests_a_registered_name():
+    with override_settings(GEN_DURABLE={"SCHEDULES": {"tick": {"cron": "0 3 * * *", "machine": "tests.Countr"}}}):
+        [message] = checks.check_schedules()
+    assert "unknown machine 'tests.Countr'" in message.msg
+    assert "did you mean 'tests.Counter'" in message.msg

@@ -123,6 +123,8 @@ class Command(BaseCommand):
         queues = dict(settings.QUEUES)
         if queue:
             queues = {name: (n or settings.QUEUES.get(name) or 10) for name, n in queue}
+        if child is None:
+            self._require_migrations(settings.DATABASE)
         if queue and child is None:
             self._check_queues([name for name, _ in queue], burst)
         if processes > 1 and child is None:
@@ -138,6 +140,20 @@ class Command(BaseCommand):
         code = Supervisor(config).run()
         if code:
             raise CommandError(f"worker exited with {code}")
+
+    def _require_migrations(self, alias: str):
+        """Refuse to start while gen_durable's own migrations are unapplied: every pick,
+        timer and sweep would fail on a missing table, forever (Django's own migration
+        check only prints a note)."""
+        from django.db import connections
+        from django.db.migrations.executor import MigrationExecutor
+
+        executor = MigrationExecutor(connections[alias])
+        plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
+        pending = [migration.name for migration, _backwards in plan if migration.app_label == "gen_durable"]
+        if pending:
+            raise CommandError(f"gen_durable's migrations are not applied on database {alias!r} "
+                               f"({', '.join(pending)}): run `python manage.py migrate` first")
 
     def _check_queues(self, names, burst: bool):
         """Warn about a --queue that nothing uses (a typo runs an idle worker); refuse it
