@@ -26,6 +26,8 @@ from importlib.util import find_spec
 from traceback import format_exception
 from typing import Any, ClassVar
 
+from django.conf import settings as django_settings
+from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.dateparse import parse_datetime
 from django.utils.module_loading import import_string
@@ -407,3 +409,37 @@ def enqueue_all(calls) -> list:
         task_enqueued.send(type(backend), task_result=result)
         results.append(result)
     return results
+
+
+@checks.register
+def check_task_backends(app_configs=None, **kwargs):
+    """System checks of every TASKS alias that uses a GenDurableBackend (on both framework versions).
+
+    gen_durable.E060: its OPTIONS or keys are invalid (InvalidTaskBackend's message).
+    gen_durable.E061: one of its QUEUES is not in GEN_DURABLE["QUEUES"] (no worker would run it).
+    """
+    errors = []
+    configured = get_settings().QUEUES
+    tasks_setting = getattr(django_settings, "TASKS", None)
+    for alias, params in (tasks_setting.items() if isinstance(tasks_setting, dict) else ()):
+        path = params.get("BACKEND") if isinstance(params, dict) else None
+        try:
+            cls = import_string(path) if isinstance(path, str) else None
+        except ImportError:
+            continue  # the framework reports an unknown backend itself
+        if not (isinstance(cls, type) and issubclass(cls, GenDurableBackend)):
+            continue
+        try:
+            backend = task_backends[alias]
+        except InvalidTaskBackend as exc:
+            errors.append(checks.Error(str(exc), hint="See docs/tasks.md for the backend's keys and OPTIONS.",
+                                       id="gen_durable.E060"))
+            continue
+        missing = sorted(q for q in backend.queues if q not in configured)
+        if missing:
+            errors.append(checks.Error(
+                f"TASKS[{alias!r}]['QUEUES'] names {missing}, which GEN_DURABLE['QUEUES'] lacks: "
+                "tasks there would be rejected, and no worker would run them.",
+                hint="Add them to GEN_DURABLE['QUEUES'] (queue -> concurrency) or remove them from TASKS.",
+                id="gen_durable.E061"))
+    return errors

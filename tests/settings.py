@@ -43,10 +43,9 @@ GEN_DURABLE = {
     "GC": {"INTERVAL": 0.5, "RETENTION": 86400, "BATCH": 1000},
     "DRAIN_TIMEOUT": 2,
 }
-# Django tasks (tests/durable_app/tasks.py) on gen_durable. "unrun" is a task queue that
-# GEN_DURABLE["QUEUES"] lacks (the backend rejects it); "retrying" retries at once.
+# Django tasks (tests/durable_app/tasks.py) on gen_durable; "retrying" retries at once.
 TASKS = {
-    "default": {"BACKEND": "gen_durable.tasks.GenDurableBackend", "QUEUES": ["default", "unrun"]},
+    "default": {"BACKEND": "gen_durable.tasks.GenDurableBackend", "QUEUES": ["default"]},
     "retrying": {"BACKEND": "gen_durable.tasks.GenDurableBackend", "QUEUES": ["default"],
                  "OPTIONS": {"MAX_ATTEMPTS": 3, "BACKOFF": "tests.durable_app.backoff.no_backoff"}},
 }

@@ -12,7 +12,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from django.conf import settings
+from django.core.checks import run_checks
 from django.db import connection, transaction
+from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -192,8 +195,11 @@ def test_priority_maps_onto_gen_durable_order():
 def test_unknown_queues_and_bad_tasks_are_invalid():
     with pytest.raises(InvalidTask, match="not valid for backend"):
         t.add.using(queue_name="elsewhere")
-    with pytest.raises(InvalidTask, match=r"not in GEN_DURABLE\['QUEUES'\]"):
-        t.add.using(queue_name="unrun")
+    with override_settings(GEN_DURABLE={**settings.GEN_DURABLE, "QUEUES": {"other": 1}}):
+        with pytest.raises(InvalidTask, match=r"not in GEN_DURABLE\['QUEUES'\]"):
+            t.add.using(priority=3)
+        with pytest.raises(InvalidTask, match=r"not in GEN_DURABLE\['QUEUES'\]"):
+            t.add.enqueue(1, 2)
     with pytest.raises(InvalidTask, match="priority"):
         t.add.using(priority=101)
 
@@ -368,3 +374,20 @@ def test_a_stale_outcome_appends_no_attempt_record():
     assert outcome.stale and not outcome.committed
     row = Instance.objects.get(id=int(result.id))
     assert (row.status, row.attempt_log, row.result) == ("executing", [], None)
+
+
+def test_system_checks_report_bad_backend_settings():
+    from importlib.util import find_spec
+
+    assert not [e for e in run_checks() if e.id in ("gen_durable.E060", "gen_durable.E061")]
+    base = {"BACKEND": "gen_durable.tasks.GenDurableBackend"}
+    with override_settings(TASKS={**settings.TASKS, "extra": {**base, "QUEUES": ["default", "unrun"]}}):
+        found = {e.id: e.msg for e in run_checks() if e.id.startswith("gen_durable.E06")}
+    assert list(found) == ["gen_durable.E061"] and "'unrun'" in found["gen_durable.E061"]
+    with override_settings(TASKS={**settings.TASKS, "broken": {**base, "OPTIONS": {"MAX_ATTEMPTS": "3"}}}):
+        if find_spec("django.tasks"):  # Django 6.x checks every backend itself: constructing it raises
+            with pytest.raises(InvalidTaskBackend, match="MAX_ATTEMPTS"):
+                run_checks()
+        else:  # the backport's own check runs only with its app installed: ours reports it
+            found = {e.id: e.msg for e in run_checks() if e.id.startswith("gen_durable.E06")}
+            assert "MAX_ATTEMPTS" in found["gen_durable.E060"]
