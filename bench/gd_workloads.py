@@ -251,6 +251,9 @@ WORKLOADS = {
     # The same machine with inline continuation (run it with the line above: --only both).
     "gd_pipeline_5step_inline_c50_p2": drain(4_000, 50, 2, machine="InlinePipeline", steps_per=5,
                                              prefetch=50, min_demand=25),
+    # 1,000 `async def` steps that each await 1 s, at concurrency 1,000 in one process:
+    # the elapsed time (clock includes worker start-up) shows they overlap.
+    "gd_async_1000x1s_c1000_p1": drain(1_000, 1000, 1, machine="AsyncPing", prefetch=0),
     "gd_insert_all_100k": insert_all_rate,
     "gd_insert_single": insert_single_rate,
     # Enqueue from 8 threads, buffered producer vs plain insert (run both: --only both).

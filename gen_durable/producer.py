@@ -63,7 +63,7 @@ class Producer:
         max_buffer: rows queued at most; `insert` blocks while the queue is full
             (back-pressure instead of unbounded memory), so keep it well above max_batch.
         on_error: `callable(error, specs)` for rows that were not written (called on the
-            producer's thread; what it raises is logged and ignored).
+            producer's thread; an exception it raises is logged and the producer goes on).
         using: database alias (default GEN_DURABLE['DATABASE']).
     Raises InvalidInput for a bad argument.
     """

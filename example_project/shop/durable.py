@@ -12,6 +12,8 @@ Steps run at least once (a crash before the outcome commits re-runs the step), s
 side effect is keyed by something stable: the order key, the instance id.
 """
 
+import asyncio
+
 import gen_durable as gd
 
 from . import catalogue
@@ -163,6 +165,17 @@ class InlinePipeline(Pipeline):
 
     name = "shop.InlinePipeline"
     inline_execution = True
+
+
+class AsyncPing(gd.Machine):
+    """One `async def` step that awaits one second (an I/O-bound call, e.g. a webhook)."""
+
+    name = "shop.AsyncPing"
+
+    @gd.step
+    async def start(self, ctx):
+        await asyncio.sleep(1)
+        return gd.Done()
 
 
 
