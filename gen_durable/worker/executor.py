@@ -65,6 +65,7 @@ class Entry:
     slot: object = None
     wanted_inline: bool = False  # a Next that asked to continue inline (kind says whether it may)
     inputs: tuple = ((), ())  # inline: (inbox, children) the flush loaded for the next step
+    chain: tuple = ()  # inline: (started, steps) of the chain the next step continues
 
 
 def error_text(error: BaseException) -> str:

@@ -30,7 +30,6 @@ from .claims import abandon, pick, reclaim, release, still_owned
 from . import aio
 from .executor import (aexecute, continuation, error_text, execute, execute_timeout, is_async, job_timeout, past_deadline,
                        requeue_entry, stop_entry)
-from .flusher import COMMIT_TIMEOUT
 
 logger = logging.getLogger("gen_durable.scheduler")
 
@@ -104,6 +103,7 @@ class Scheduler:
         self._steps: list[threading.Thread] = []  # sync step threads, started as sync rows need them
         self._threads = 0  # of them, alive and not stuck on an abandoned step
         self._idle_threads = 0
+        self._continuations = 0  # buffered next steps of inline chains (also in in_flight)
         self._tasks: dict = {}  # id -> concurrent Future of an async step's task
 
     # --- control -------------------------------------------------------------
@@ -125,6 +125,7 @@ class Scheduler:
             # Timed-out rows stay: a step thread runs their handle() before it exits.
             buffered = [j for j in self.buffer if not isinstance(j, TimedOut)]
             self.buffer = deque(j for j in self.buffer if isinstance(j, TimedOut))
+            self._continuations = 0
         ids, released = [j.id for j in buffered], []
         for _ in range(RELEASE_ATTEMPTS):
             try:
@@ -137,6 +138,9 @@ class Scheduler:
             # release.sql skips rows locked at that instant (SKIP LOCKED) — typically by a
             # heartbeat that read the buffer just before it was emptied. Try the rest again.
             time.sleep(0.02)
+        # Buffered next steps of inline chains were in flight too: released (back at
+        # their committed step) or, if that failed, left to their lease.
+        self.settle([j.id for j in buffered if getattr(j, "chain", None) is not None], completed=False)
         deadline = time.monotonic() + drain_timeout
         while self.in_flight and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -211,7 +215,7 @@ class Scheduler:
         free; up to FLUSH.MAX_BATCH such rows do not take a slot, so the next batch is
         claimed and run while the previous one commits.
         """
-        waiting = len(self.in_flight) - self.running
+        waiting = len(self.in_flight) - self.running - self._continuations
         over = waiting - self.flush_allowance
         return self.concurrency + self.prefetch - (self.running + len(self.buffer) + max(over, 0))
 
@@ -330,6 +334,8 @@ class Scheduler:
             self._wake.set()  # the buffer ran dry: claim the next batch meanwhile
 
     def _take_locked(self, job):
+        if getattr(job, "chain", None) is not None:
+            self._continuations -= 1
         self.in_flight[job.id] = job
         self.running += 1
 
@@ -554,78 +560,95 @@ class Scheduler:
                        {"id": job.id, "fsm": job.fsm, "step": job.step, "reason": "throttled"})
         self.flusher.submit(requeue_entry(job))
 
-    def _orphaned(self, job):
-        """The guard refused an inline commit: nothing committed, run nothing more."""
-        self.flusher.step_abandoned()
-        self.settle([job.id], completed=False)
-
-    def _continued(self, job, entry, steps):
+    def _continued(self, job, steps):
         telemetry.emit("inline.continue", {"steps": steps},
-                       {"id": job.id, "fsm": job.fsm, "from": entry.from_step, "to": job.step})
+                       {"id": job.id, "fsm": job.fsm, "from": job.chain[2], "to": job.step})
+
+    def _chain_of(self, job):
+        """(started, steps) of the chain `job` is part of: steps counts this one."""
+        chain = getattr(job, "chain", None)
+        return (chain[0], chain[1]) if chain else (time.monotonic(), 1)
+
+    def _submit(self, job, entry, allowed, steps):
+        if entry.kind == "inline":
+            entry.chain = (self._chain_of(job)[0], steps + 1)
+        else:
+            self._yielded(job, entry, allowed, steps)
+        self.flusher.submit(entry)
 
     def run_chain(self, job) -> None:
-        """Run `job`'s step and hand its outcome to the flusher; continue inline while asked.
+        """Run `job`'s step and hand its outcome to the flusher (one link of a chain).
 
-        An inline continuation commits the transition first (the row stays executing,
-        held by us, its lease extended) and waits for it; a stale commit (cancelled,
-        reaped, re-claimed) runs nothing more. Only then may the limiter admit the next
-        step — admission stamps rows unguarded, so an orphan must never reach it; a
-        denial requeues the row through a plain Next. The chain yields after
-        INLINE['MAX_STEPS'] steps or INLINE['MAX_SECONDS'], and when the worker stops.
-        Called with one flusher.step_started() pending; returns having submitted the
-        last outcome (or settled a stale one); raises with that one still pending.
+        An inline continuation is not waited for: the thread goes on with other rows
+        while the transition commits (the row stays executing, held by us, its lease
+        extended). Only once it has committed does `continue_chain` put the next step
+        back in front of the buffer, with the claim it holds — so a stale commit
+        (cancelled, reaped, re-claimed) runs nothing more. The next step passes the
+        limiter first, here, after that commit: admission stamps rows unguarded, so an
+        orphan must never reach it; a denial requeues the row through a plain Next. The
+        chain yields after INLINE['MAX_STEPS'] steps or INLINE['MAX_SECONDS'], and when
+        the worker stops. Called with one flusher.step_started() pending; returns having
+        submitted an outcome; raises with that one still pending.
         """
-        started, steps = time.monotonic(), 1
-        while True:
-            allowed = self._may_inline(started, steps)
-            run = self._runs.get(threading.current_thread())
-            entry = (execute(job, inline=allowed) if run is None  # not on a step thread (tests)
-                     else self._timed(run, job, lambda: execute(job, inline=allowed)))
-            if entry.kind != "inline":
-                self._yielded(job, entry, allowed, steps)
-                self.flusher.submit(entry)
-                return
-            try:
-                fate = self.flusher.commit(entry)
-            finally:
-                self.flusher.step_started()  # this thread goes on running (or gives up) for the row
-            if fate != "committed":
-                return self._orphaned(job)
-            job = continuation(job, entry)
+        started, steps = self._chain_of(job)
+        if steps > 1:
             if self._needs_admission(job) and not self._admit(job):
-                return self._requeue(job, steps)
-            self._continued(job, entry, steps)
-            steps += 1
+                return self._requeue(job, steps - 1)
+            self._continued(job, steps - 1)
+        allowed = self._may_inline(started, steps)
+        run = self._runs.get(threading.current_thread())
+        entry = (execute(job, inline=allowed) if run is None  # not on a step thread (tests)
+                 else self._timed(run, job, lambda: execute(job, inline=allowed)))
+        self._submit(job, entry, allowed, steps)
 
     async def arun_chain(self, job) -> None:
         """`run_chain` for `async def` steps, on the event loop: same order, same guard.
 
-        Limiter admission between steps goes through sync_to_async, as Django requires
-        of database work from async code.
+        Limiter admission goes through sync_to_async, as Django requires of database
+        work from async code.
         """
-        started, steps = time.monotonic(), 1
-        while True:
-            allowed = self._may_inline(started, steps)
-            if is_async(job):
-                entry = await aexecute(job, inline=allowed)
-            else:  # a chain that went on into a sync step: Django's shared sync thread runs it
-                entry = await sync_to_async(execute)(job, inline=allowed)
-            if entry.kind != "inline":
-                self._yielded(job, entry, allowed, steps)
-                self.flusher.submit(entry)
-                return
-            try:
-                fate = await asyncio.wait_for(asyncio.wrap_future(self.flusher.submit(entry, wait=True)),
-                                              COMMIT_TIMEOUT)
-            finally:
-                self.flusher.step_started()
-            if fate != "committed":
-                return self._orphaned(job)
-            job = continuation(job, entry)
+        started, steps = self._chain_of(job)
+        if steps > 1:
             if self._needs_admission(job) and not await sync_to_async(self._admit)(job):
-                return self._requeue(job, steps)
-            self._continued(job, entry, steps)
-            steps += 1
+                return self._requeue(job, steps - 1)
+            self._continued(job, steps - 1)
+        allowed = self._may_inline(started, steps)
+        if is_async(job):
+            entry = await aexecute(job, inline=allowed)
+        else:  # a continuation into a sync step: Django's shared sync thread runs it
+            entry = await sync_to_async(execute)(job, inline=allowed)
+        self._submit(job, entry, allowed, steps)
+
+    def continue_chain(self, entry, committed: bool) -> None:
+        """The flush of an inline `entry` ended (called by the flusher's on_commit).
+
+        Committed: the next step goes in front of the buffer as a continuation of the
+        same claim (still in flight, heartbeated). Stale: the row is not ours any more;
+        it leaves our hands and nothing more runs. A worker stopping meanwhile requeues
+        the row with a plain Next instead of running on.
+        """
+        with self._lock:
+            job = self.in_flight.get(entry.id)
+            if job is None:
+                return
+            if not committed:
+                del self.in_flight[entry.id]
+                self._wake.set()
+                return
+            self.completed += 1
+            nxt = continuation(job, entry)
+            nxt.chain = (entry.chain[0], entry.chain[1], entry.from_step)
+            if not self._stop.is_set():
+                nxt.is_async = is_async(nxt)
+                self.in_flight[entry.id] = nxt
+                self.buffer.appendleft(nxt)
+                self._continuations += 1
+                self._dispatch_locked()
+                return
+        telemetry.emit("inline.yield", {"steps": entry.chain[1] - 1},
+                       {"id": nxt.id, "fsm": nxt.fsm, "step": nxt.step, "reason": "stopping"})
+        self.flusher.step_started()
+        self.flusher.submit(requeue_entry(nxt))
 
     def settle(self, ids, completed: bool = True) -> None:
         """These rows left our hands: free their slots and wake the feeder to refill.

@@ -115,9 +115,12 @@ class Supervisor:
                 sched.settle(ids, completed=completed)
 
     def _on_commit(self, result, entries):
-        # An inline entry's row is still ours: its step thread runs the next step (or, if
-        # the commit was stale, settles it itself).
+        # An inline entry's row is still ours: its next step goes back to its scheduler
+        # (or, if the commit was stale, the row leaves our hands).
         self._settle([e for e in entries if e.kind != "inline"])
+        for e in entries:
+            if e.kind == "inline" and e.queue in self.schedulers:
+                self.schedulers[e.queue].continue_chain(e, e.id in result.committed)
         for q in result.woken:
             self._wake(q)
         # This flush may have armed a deadline earlier than the timer's next one.

@@ -136,14 +136,14 @@ def test_inline_is_refused_for_a_new_key_and_outside_a_worker(db, queue_name):
 
 # --- the engine ------------------------------------------------------------------------
 
-def test_a_chain_runs_in_one_worker_thread_on_one_claim(engine, queue_name, tmp_path, events):
+def test_a_chain_runs_in_one_worker_on_one_claim(engine, queue_name, tmp_path, events):
     log = tmp_path / "log"
     id_ = gd.insert(InlineChain, queue=queue_name, state={"log": str(log)})
     engine({queue_name: 2})
     wait_until(lambda: status(id_) == "done", what="done")
     lines = log_lines(log)
     assert [s for _, s, *_ in lines] == ["a", "b", "c"]
-    assert len({t for *_, t, _ in lines}) == 1, "one worker thread ran the whole chain"
+    assert len({p for *_, p in lines}) == 1, "one worker process ran the whole chain"
     cont = [(m["from"], m["to"]) for e, _, m in events if e == "inline.continue" and m["id"] == id_]
     assert cont == [("a", "b"), ("b", "c")]
     claimed = [ms["count"] for e, ms, m in events if e == "pick.stop" and m["queue"] == queue_name and ms["count"]]
