@@ -44,8 +44,9 @@ def test_a_continued_steps_rate_limit_is_admitted_after_the_commit_and_a_denial_
     wait_until(lambda: any(e == "inline.yield" and m["id"] == second for e, _, m in events), what="denied")
     assert [m["reason"] for e, _, m in events if e == "inline.yield" and m["id"] == second] == ["throttled"]
     with connection.cursor() as cur:
-        cur.execute("SELECT status::text, step, rate_limit, locked_by FROM gen_durable WHERE id = %s", [second])
+        cur.execute("SELECT status::text, step, rate_limit FROM gen_durable WHERE id = %s", [second])
         row = cur.fetchone()
-    assert row[1:] == ("b", "tight", None) and row[0] in ("runnable", "executing"), \
+    # Runnable (deferred until a token), or for a moment claimed by a pick that denies it.
+    assert row[1:] == ("b", "tight") and row[0] in ("runnable", "executing"), \
         "requeued at the committed step b with its rate limit, for the pick to admit"
     assert status(second) != "done"
