@@ -41,6 +41,17 @@ def children_of(id_):
     return list(Instance.objects.filter(parent_id=id_).order_by("id"))
 
 
+def ran_and_waiting(parent):
+    """The two children of `parent` as (the one that ran, the one still runnable).
+
+    Siblings share priority and eligible_at, so which one a pick takes first is the
+    plan's choice; tests must not assume it is the lower id."""
+    kids = children_of(parent)
+    done = [k for k in kids if row(k.id).status == "done"]
+    assert len(done) == 1, [row(k.id).status for k in kids]
+    return done[0], next(k for k in kids if k.id != done[0].id)
+
+
 def run_one(queue, worker="w-test", limit=1):
     """Claim and run up to `limit` rows of `queue`, flushing each; return the flush results."""
     return [flusher.flush([execute(job)]) for job in pick(queue, limit, worker, 30)]
@@ -180,9 +191,9 @@ def test_gc_spares_terminal_children_of_a_joining_parent(queue_name):
     kids_q = f"{queue_name}-kids"
     parent = gd.insert(FanOut, queue=queue_name, state={"kid_queue": kids_q, "kids": [{"i": 0}, {"i": 1}]})
     run_one(queue_name)
-    first, second = children_of(parent)
     run_one(kids_q)
-    assert row(first.id).status == "done" and row(parent).status == "awaiting_children"
+    first, second = ran_and_waiting(parent)
+    assert row(parent).status == "awaiting_children"
     aged = "UPDATE gen_durable SET updated_at = now() - interval '2 days' WHERE id = ANY(%s)"
     with connection.cursor() as cur:
         cur.execute(aged, [[first.id]])
@@ -270,12 +281,12 @@ def test_a_terminal_parent_is_left_alone_by_its_childrens_join(queue_name):
     kids_q = f"{queue_name}-kids"
     parent = gd.insert(FanOut, queue=queue_name, state={"kid_queue": kids_q, "kids": [{"i": 0}, {"i": 1}]})
     drain(queue_name)
-    first, second = children_of(parent)
     gd.cancel(parent, reason="parent gone")
     with connection.cursor() as cur:
         cur.execute("UPDATE gen_durable SET updated_at = now() - interval '2 days' WHERE id = %s", [parent])
     before = row(parent)
     run_one(kids_q)  # a child's Done joins through the flush
+    first, second = ran_and_waiting(parent)
     gd.cancel(second.id)  # a child's cancel joins through cancel.sql
     after = row(parent)
     assert (after.status, after.children_pending, after.updated_at) == ("failed", 2, before.updated_at)
