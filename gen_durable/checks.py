@@ -82,12 +82,21 @@ def check_timings(app_configs=None, **kwargs):
             errors.append(Error(f"GEN_DURABLE['{key}'] must be an int >= 0.", hint="Feeder knob (SPEC §2).", id=ID + "E003"))
     if not _int(s.MIN_DEMAND, minimum=1):
         errors.append(Error("GEN_DURABLE['MIN_DEMAND'] must be an int >= 1.", hint="Feeder knob (SPEC §2).", id=ID + "E003"))
+    for key in ("LOCK_TIMEOUT", "STATEMENT_TIMEOUT"):
+        if not _num(getattr(s, key), positive=True):
+            errors.append(Error(f"GEN_DURABLE['{key}'] must be a number of seconds > 0, got {getattr(s, key)!r}.",
+                                hint="It bounds the worker's own statements; see docs/reliability.md.", id=ID + "E003"))
     if not _int(s.MAX_PAYLOAD_BYTES, minimum=1):
         errors.append(Error("GEN_DURABLE['MAX_PAYLOAD_BYTES'] must be a positive int.", hint="Bytes of encoded JSON.", id=ID + "E003"))
     if not errors:
         if s.POLL_INTERVAL > s.MAX_POLL_INTERVAL:
             errors.append(Error("GEN_DURABLE['POLL_INTERVAL'] exceeds MAX_POLL_INTERVAL.",
                                 hint="The back-off ceiling must be >= the base interval.", id=ID + "E003"))
+        if _num(s.LOCK_TIMEOUT, positive=True) and _num(s.STATEMENT_TIMEOUT, positive=True) \
+                and s.LOCK_TIMEOUT > s.STATEMENT_TIMEOUT:
+            errors.append(Error("GEN_DURABLE['LOCK_TIMEOUT'] exceeds STATEMENT_TIMEOUT.",
+                                hint="A lock wait is part of its statement: keep LOCK_TIMEOUT <= STATEMENT_TIMEOUT.",
+                                id=ID + "E003"))
         if explicit_heartbeat and s.HEARTBEAT_INTERVAL * 2 > s.LEASE_TTL:
             # The heartbeat skips a row locked at that instant (SKIP LOCKED), so a row
             # can miss one renewal: its lease must outlast two intervals, or a live step
@@ -359,6 +368,18 @@ def check_database(app_configs=None, databases=None, **kwargs):
         return [Error(f"gen_durable needs PostgreSQL; database {alias!r} uses {cfg.get('ENGINE')!r}.",
                       hint="Use django.db.backends.postgresql with psycopg 3.", id=ID + "E008")]
     opts = cfg.get("OPTIONS", {})
+    pooler = get_settings().POOLER
+    if pooler is not None and pooler != "transaction":
+        return [Error(f"GEN_DURABLE['POOLER'] must be None or 'transaction', got {pooler!r}.",
+                      hint="'transaction' when the database is reached through a transaction-mode pooler "
+                           "(PgBouncer pool_mode = transaction).", id=ID + "E009")]
+    if pooler == "transaction":
+        if opts.get("server_side_binding") is True or opts.get("prepare_threshold") is not None:
+            return [Error(
+                f"Database {alias!r} enables prepared statements, which a transaction-mode pooler cannot carry "
+                "(GEN_DURABLE['POOLER'] = 'transaction').",
+                hint="Remove server_side_binding and prepare_threshold from its OPTIONS.", id=ID + "E009")]
+        return []
     if opts.get("server_side_binding") is not True or opts.get("prepare_threshold") is None:
         return [Warning(
             f"Database {alias!r} has prepared statements off (Django's default).",

@@ -51,6 +51,13 @@ DEFAULTS: dict[str, Any] = {
     # OpenTelemetry spans and metrics (gen_durable/otel.py; needs the `otel` extra):
     # False, True, or {"TRACES": bool, "METRICS": bool}.
     "OPENTELEMETRY": False,
+    # Bounds on the worker's own statements (seconds; docs/reliability.md). A flush that
+    # waits LOCK_TIMEOUT on a row someone else locked is retried without that row.
+    "LOCK_TIMEOUT": 5,
+    "STATEMENT_TIMEOUT": 30,
+    # None: direct connections to Postgres. "transaction": behind a transaction-mode
+    # pooler (PgBouncer) — no prepared statements, no LISTEN (polling), no session settings.
+    "POOLER": None,
 }
 
 # Keys whose dict values merge over the defaults (a partial FLUSH keeps MAX_DELAY).
@@ -81,6 +88,9 @@ class Settings:
     PRODUCER: dict
     MAX_PAYLOAD_BYTES: int
     OPENTELEMETRY: Any
+    LOCK_TIMEOUT: float
+    STATEMENT_TIMEOUT: float
+    POOLER: Any
     unknown: tuple = field(default=())
 
 

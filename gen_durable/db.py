@@ -8,6 +8,7 @@ OPTIONS server_side_binding + prepare_threshold — are prepared once per connec
 from __future__ import annotations
 
 import logging
+import threading
 
 from django.db import connections
 
@@ -15,24 +16,45 @@ from .conf import database_alias
 
 logger = logging.getLogger("gen_durable.db")
 
+# Set on the worker's own threads (gen_durable.worker.connections.bind): a Watch that
+# bounds each engine statement client-side and, behind a transaction pooler, wraps it in
+# a transaction carrying the engine's SET LOCALs. Unset everywhere else (web requests,
+# step code): statements then run exactly as the caller's connection runs them.
+engine_thread = threading.local()
+
 
 def connection(using: str | None = None):
     return connections[database_alias(using)]
 
 
 def fetchall(sql: str, params=None, using: str | None = None) -> list[tuple]:
+    watch = getattr(engine_thread, "watch", None)
+    if watch is not None:
+        with watch.statement(using):
+            return _fetchall(sql, params, using)
+    return _fetchall(sql, params, using)
+
+
+def _fetchall(sql, params, using):
     with connection(using).cursor() as cur:
         cur.execute(sql, params)
         return cur.fetchall() if cur.description else []
 
 
 def fetchone(sql: str, params=None, using: str | None = None):
-    with connection(using).cursor() as cur:
-        cur.execute(sql, params)
-        return cur.fetchone() if cur.description else None
+    rows = fetchall(sql, params, using)
+    return rows[0] if rows else None
 
 
 def execute(sql: str, params=None, using: str | None = None) -> int:
+    watch = getattr(engine_thread, "watch", None)
+    if watch is not None:
+        with watch.statement(using):
+            return _execute(sql, params, using)
+    return _execute(sql, params, using)
+
+
+def _execute(sql, params, using):
     with connection(using).cursor() as cur:
         cur.execute(sql, params)
         return cur.rowcount
@@ -86,7 +108,9 @@ def pg_array(values) -> str:
 # after a failover). Everything else — data (22), integrity (23), program limits (54),
 # syntax/rules (42), … — is a property of the statement and its values: the same
 # connection is fine for other statements.
-CONNECTION_SQLSTATES = frozenset({"57P01", "57P02", "57P03", "53300", "25006"})
+# 57P05 is idle_session_timeout and 25P03 an idle-in-transaction kill: the server closed
+# the session.
+CONNECTION_SQLSTATES = frozenset({"57P01", "57P02", "57P03", "57P05", "53300", "25006", "25P03"})
 
 
 def _sqlstate(exc: BaseException) -> str | None:
@@ -121,7 +145,14 @@ def is_connection_error(exc: BaseException) -> bool:
 
 # SQLSTATEs that say "try the same thing again": serialization failure, deadlock,
 # lock not available (lock_timeout), statement cancelled (statement_timeout).
-TRANSIENT_SQLSTATES = frozenset({"40001", "40P01", "55P03", "57014"})
+# Also prepared statements a transaction pooler lost or duplicated (26000, 42P05): the
+# statement is fine, the session it landed on did not have (or already had) its plan.
+TRANSIENT_SQLSTATES = frozenset({"40001", "40P01", "55P03", "57014", "26000", "42P05"})
+
+
+def is_lock_timeout(exc: BaseException) -> bool:
+    """True for lock_timeout (55P03): a row stayed locked by another session too long."""
+    return _sqlstate(exc) == "55P03"
 
 
 def is_transient_error(exc: BaseException) -> bool:

@@ -19,6 +19,7 @@ from asgiref.sync import sync_to_async
 
 from . import db, sql
 from .codec import loads
+from .conf import get_settings
 from .worker.listener import Listener
 
 POLL_FLOOR = 0.25  # seconds between re-reads when no notification arrives
@@ -105,7 +106,12 @@ class ResultWatcher:
     def __init__(self, using=None):
         self._lock = threading.Lock()
         self._waiters: dict[int, list[threading.Event]] = {}
-        self.listener = Listener(self._on_note, self._wake_all, using=using, channel="gen_durable_result").start()
+        # Behind a transaction pooler (GEN_DURABLE POOLER) there is no LISTEN: waiters
+        # re-read their row every POLL_FLOOR seconds.
+        self.listener = None
+        if get_settings().POOLER is None:
+            self.listener = Listener(self._on_note, self._wake_all, using=using,
+                                     channel="gen_durable_result").start()
 
     @classmethod
     def get(cls, using=None) -> "ResultWatcher":
@@ -118,7 +124,7 @@ class ResultWatcher:
     def shutdown(cls) -> None:
         """Stop the process's watcher (tests; a process exit does it anyway)."""
         with cls._guard:
-            if cls._instance is not None:
+            if cls._instance is not None and cls._instance.listener is not None:
                 cls._instance.listener.stop()
                 cls._instance = None
 

@@ -31,6 +31,8 @@ never breaks the engine. `duration` measurements are seconds (float).
 | producer.error         | count                                     | error                 |
 | inline.continue        | steps (of the chain so far)               | id, fsm, from, to     |
 | inline.yield           | steps                                     | id, fsm, step, reason |
+| flush.retry            | count, delay                              | error                 |
+| step.connection_retry  | delay                                     | id, fsm, step         |
 | rate_limit.throttled   | wanted, granted                           | key, queue            |
 | rate_limit.contended   | count                                     | queue                 |
 | rate_limit.unknown     | count                                     | key, name, fsm, step  |
@@ -62,7 +64,8 @@ EVENTS = (
     "step.start", "step.stop", "pick.stop", "scheduler.saturation", "scheduler.drain", "scheduler.reclaimed",
     "scheduler.abandoned",
     "concurrency.contended", "concurrency.throttled", "outcome.stale", "reaper.reaped",
-    "await.timeout", "step.timeout", "schedule.fired", "schedule.skipped", "gc.swept", "flush.stop", "flush.error", "inline.continue", "inline.yield",
+    "await.timeout", "step.timeout", "schedule.fired", "schedule.skipped", "gc.swept", "flush.stop", "flush.error",
+    "flush.retry", "step.connection_retry", "inline.continue", "inline.yield",
     "producer.flush", "producer.error",
     "rate_limit.throttled",
     "rate_limit.contended", "rate_limit.unknown",

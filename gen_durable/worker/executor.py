@@ -25,7 +25,7 @@ from ..codec import clean_text, encode, encode_state, load_typed, loads, safe_re
 from ..conf import get_settings
 from ..exceptions import InvalidOutcome, StepTimeout, TransactionLeftOpen, UnknownMachine
 from ..limiter.config import get_limits, name_of
-from ..machine import Context, Job, Machine
+from ..machine import Context, Job, Machine, jittered
 from ..outcomes import KEEP, Await, Done, Next, Retry, ScheduleChildren, Stop
 from . import aio
 from .claims import Claimed
@@ -34,6 +34,10 @@ logger = logging.getLogger("gen_durable.executor")
 
 PURE_HANDLES = (Machine.handle, Job.handle)
 KINDS = ("next", "inline", "retry", "await", "schedule", "done", "stop")
+# A step whose database connection was lost or refused is retried after
+# min(CONNECTION_RETRY_BASE × 2**attempt, CONNECTION_RETRY_CAP) seconds (jittered).
+CONNECTION_RETRY_BASE = 0.5
+CONNECTION_RETRY_CAP = 60.0
 
 
 @dataclass
@@ -159,6 +163,11 @@ def _run(cls, job: Claimed, inline: bool = False) -> Entry:
                          presented=tuple(s.id for s in awaited), inline=inline)
         return _with_record(entry, machine)
     except BaseException as error:
+        if db.is_connection_error(error):
+            # The database went away under the step (a restart, a failover, no free
+            # connection): nothing is wrong with the instance, so it is retried with
+            # back-off without asking handle(), for machines and jobs alike.
+            return connection_retry(error, cls, job)
         # Any exception, SystemExit included (a step thread is not the main thread, so
         # nothing else would stop): handle() sees no inputs, and its outcome consumes
         # none. An unbounded lease/re-run loop is the alternative.
@@ -220,6 +229,8 @@ async def _arun(cls, job: Claimed, inline: bool = False) -> Entry:
     except asyncio.CancelledError:
         raise
     except BaseException as error:
+        if db.is_connection_error(error):  # as in _run: retried, not handed to handle()
+            return connection_retry(error, cls, job)
         if budget is not None and budget.expired():
             elapsed = time.monotonic() - started
             error = StepTimeout(job.step, timeout, elapsed)
@@ -345,6 +356,16 @@ async def aexecute(job: Claimed, *, inline: bool = False) -> Entry:
                    {"id": job.id, "fsm": job.fsm, "step": job.step, "kind": entry.kind,
                     "attempt": job.attempt, "queue": job.queue, "error": entry.error})
     logger.debug("step %s#%s %s -> %s", job.fsm, job.id, job.step, entry.kind)
+    return entry
+
+
+def connection_retry(error: BaseException, cls, job: Claimed) -> Entry:
+    delay = jittered(min(CONNECTION_RETRY_BASE * 2 ** min(job.attempt, 16), CONNECTION_RETRY_CAP))
+    logger.warning("step %s#%s %s lost its database connection (%s); retrying in %.1fs",
+                   job.fsm, job.id, job.step, error_text(error), delay)
+    telemetry.emit("step.connection_retry", {"delay": delay}, {"id": job.id, "fsm": job.fsm, "step": job.step})
+    entry = to_entry(Retry(delay=delay), cls, job, consumed=(), presented=())
+    entry.error = error_text(error)
     return entry
 
 

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import logging
 
+import time
+
 from django.db import reset_queries, transaction
 
 from .. import db, sql, telemetry
 from ..conf import database_alias
+from . import connections
 from .roles import Role
 
 logger = logging.getLogger("gen_durable.maintenance")
@@ -86,21 +89,48 @@ def gc(retention: float, batch: int, using=None, limiter=None) -> int:
 
 
 class Periodic(Role):
-    """A daemon thread calling `fn()` every `interval` seconds until stopped."""
+    """A daemon thread calling `fn()` every `interval` seconds until stopped.
+
+    The role keeps its own connection for the life of the process. A failure on a lost or
+    refused connection closes it and tries again after a back-off (0.1 s doubling, never
+    longer than `interval`); any other failure keeps the connection (unless it is no
+    longer usable) and waits for the next tick. `last_ok` is the monotonic time of the
+    last success (start-up counts as one).
+    """
 
     def __init__(self, name, interval, fn, using=None):
         self.name, self.interval, self.fn, self.using = name, interval, fn, using
+        self.last_ok = time.monotonic()
+        self.failures = 0
         super().__init__(f"gd-{name}")
 
     def _loop(self):
-        while not self._stop.wait(self.interval):
+        connections.bind(self.name, self.using, tag=getattr(self, "tag", None))
+        wait = self.interval
+        backoff = 0.1
+        while not self._stop.wait(wait):
             try:
                 self.fn()
             except Exception as exc:
-                logger.warning("%s sweep failed: %s", self.name, exc)
-                db.connection(self.using).close()
+                self.failures += 1
+                conn = db.connection(self.using)
+                if db.is_connection_error(exc):
+                    wait = min(backoff, self.interval)
+                    backoff = min(backoff * 2, max(self.interval, 0.1))
+                    logger.warning("%s failed on its connection (%s); reconnecting in %.1fs",
+                                   self.name, str(exc).strip(), wait)
+                    conn.close()
+                else:
+                    wait = self.interval
+                    logger.warning("%s sweep failed: %s", self.name, exc)
+                    if conn.connection is not None and not conn.is_usable():
+                        conn.close()
+            else:
+                self.last_ok = time.monotonic()
+                wait, backoff = self.interval, 0.1
             reset_queries()  # DEBUG keeps every query until reset
         db.connection(self.using).close()
+        connections.unbind()
 
 
 def reaper_sweep(using=None, limiter=None):

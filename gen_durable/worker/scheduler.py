@@ -22,10 +22,10 @@ from collections import deque
 from contextlib import nullcontext
 
 from asgiref.sync import sync_to_async
-from django.db import close_old_connections, connections, reset_queries, transaction
+from django.db import close_old_connections, connections as django_connections, reset_queries
 
 from .. import db, sql, telemetry
-from ..conf import database_alias
+from . import connections
 from .claims import abandon, pick, reclaim, release, still_owned
 from . import aio
 from .executor import (aexecute, continuation, error_text, execute, execute_timeout, is_async, job_timeout, past_deadline,
@@ -40,6 +40,11 @@ PAUSE_CHECK_INTERVAL = 1.0  # seconds: how stale this scheduler's view of a queu
 # Rows a pick claims after the limiter denied rows in the previous one: enough to move a
 # throttled head out of the queue's way (each denied row is deferred once) in few picks.
 LIMITED_WINDOW = 500
+# A step thread's connections: kept open between steps (whatever CONN_MAX_AGE says),
+# checked with a round trip before a step after STEP_HEALTH_CHECK_AFTER s idle (the
+# server or a NAT may have dropped it), closed after STEP_IDLE_RELEASE s without work.
+STEP_HEALTH_CHECK_AFTER = 1.0
+STEP_IDLE_RELEASE = 30.0
 
 
 class Abandoned(Exception):
@@ -70,7 +75,8 @@ class TimedOut:
 
 
 class Scheduler:
-    def __init__(self, queue, concurrency, *, worker_id, prefix, flusher, limiter, settings, predecessors=(), using=None):
+    def __init__(self, queue, concurrency, *, worker_id, prefix, flusher, limiter, settings, predecessors=(),
+                 using=None, healthy=None):
         self.queue = queue
         self.concurrency = concurrency
         self.worker_id = worker_id
@@ -83,6 +89,9 @@ class Scheduler:
         self.prefetch = settings.PREFETCH
         self.min_demand = min(settings.MIN_DEMAND, concurrency + settings.PREFETCH)
         self.flush_allowance = settings.FLUSH["MAX_BATCH"]
+        # healthy() is False while the heartbeat has failed for a whole lease: the rows we
+        # hold may have been reaped, so no new step starts until it succeeds again.
+        self.healthy = healthy or (lambda: True)
         self._lock = threading.Condition()  # guards buffer, in_flight, running
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -94,7 +103,6 @@ class Scheduler:
         self._runs: dict = {}  # step thread -> its Run (step timeouts)
         self.stuck = 0  # threads still running a step abandoned past its timeout
         self.timed_out = 0  # steps abandoned past their timeout, in total
-        self._tuned = None
         self._paused = False
         self._paused_read = float("-inf")
         self._throttled = False  # the last pick had rows the limiter denied
@@ -182,7 +190,7 @@ class Scheduler:
         slots = {j.id: j.slot for j in jobs if getattr(j, "slot", None) is not None}
         limiter = self.limiter
         transactional = bool(slots) and limiter is not None and limiter.transactional
-        with transaction.atomic(using=database_alias(self.using)) if transactional else nullcontext():
+        with connections.engine_transaction(self.using) if transactional else nullcontext():
             released = release([j.id for j in jobs], self.worker_id, self.using)
             if slots and limiter is not None:
                 limiter.credit([slots[i] for i in released if i in slots])
@@ -245,24 +253,10 @@ class Scheduler:
             logger.info("queue %s: reclaimed %d claims of a dead predecessor", self.queue, len(ids))
         return len(ids)
 
-    def _tune_connection(self):
-        """Let this feeder's connection commit claims without waiting for the WAL flush.
-
-        A claim need not survive a database crash: a lost claim leaves the row runnable,
-        or executing until its lease lapses and the reaper returns it — the step runs
-        either way (at-least-once is unchanged). Outcomes are committed by the flusher's
-        own connection, synchronously. Saves one fsync wait per pick.
-        """
-        conn = db.connection(self.using)
-        conn.ensure_connection()
-        if conn.connection is not self._tuned:
-            with conn.cursor() as cur:
-                cur.execute("SET synchronous_commit TO off")
-            self._tuned = conn.connection
-
     def run_once(self) -> int:
         """One feeder tick: pick if there is demand, dispatch; return rows claimed."""
-        self._tune_connection()
+        if not self.healthy():
+            return 0
         demand = self.demand()
         claimed = 0
         if demand > 0 and (demand >= self.min_demand or self.idle()) and not self.paused():
@@ -370,12 +364,17 @@ class Scheduler:
         A thread whose step was abandoned past its timeout exits when the step finally
         returns (another thread took its place), dropping the late outcome.
         """
+        # This thread's own Django connection: keepalives, kept across steps.
+        conn = connections.bind("step", self.using, statements=False, persistent=True, tag=getattr(self, "tag", None))
         me = threading.current_thread()
+        idle_since = time.monotonic()
         while True:
             with self._lock:
                 self._idle_threads += 1
-                while not self._stop_steps and not (self.buffer and self.running < self.concurrency):
-                    self._lock.wait()
+                while not self._stop_steps and not (self.buffer and self.running < self.concurrency
+                                                    and self.healthy()):
+                    if not self._lock.wait(0.5 if self.buffer else STEP_IDLE_RELEASE) and not self.buffer:
+                        self._release_idle()
                 self._idle_threads -= 1
                 if not self.buffer:  # stopping (timed-out rows' handle() still runs first)
                     self._runs.pop(me, None)
@@ -393,6 +392,8 @@ class Scheduler:
                 run = self._runs[me] = Run(job, handling=task is not None)
                 if not self.buffer:
                     self._wake.set()  # the buffer ran dry: claim the next batch meanwhile
+            if time.monotonic() - idle_since > STEP_HEALTH_CHECK_AFTER:
+                self._check_connections()
             if task is None and not self._still_ours(job):
                 continue
             submitted = False
@@ -430,16 +431,36 @@ class Scheduler:
                     with self._lock:
                         self.running -= 1
                         self._dispatch_locked()
-                # Like a request boundary: drop a connection the step broke or that
-                # outlived CONN_MAX_AGE. Only threads whose steps touched the database.
-                # (Fetched anew: a connection a step left in a transaction was replaced.)
-                if db.connection(self.using).connection is not None and not run.abandoned:
+                # Like a request boundary: drop a connection the step broke (errors and a
+                # failed health check close it; its age does not, for the engine's alias).
+                # A connection a step left in a transaction was replaced by a new wrapper:
+                # give that one the step thread's options too.
+                if db.connection(self.using) is not conn:
+                    conn = connections.bind("step", self.using, statements=False, persistent=True,
+                                            tag=getattr(self, "tag", None))
+                if conn.connection is not None and not run.abandoned:
                     close_old_connections()
                 # And like Django after a request: with DEBUG on, every query is kept in
                 # the connection's log until reset (memory grows with each step).
                 reset_queries()
+                idle_since = time.monotonic()
         # Persistent connections (CONN_MAX_AGE) of this thread would outlive it.
-        connections.close_all()
+        django_connections.close_all()
+
+    @staticmethod
+    def _release_idle():
+        """No work for a while: give this thread's connections back to the server."""
+        for c in django_connections.all(initialized_only=True):
+            if c.connection is not None and not c.in_atomic_block:
+                c.close()
+
+    @staticmethod
+    def _check_connections():
+        """After idleness, a round trip tells whether the server still has the connection."""
+        for c in django_connections.all(initialized_only=True):
+            if c.connection is not None and not c.in_atomic_block and not c.is_usable():
+                logger.info("step thread: connection to %r was closed while idle; reconnecting", c.alias)
+                c.close()
 
     def _still_ours(self, job) -> bool:
         """Whether `job` may start. A row claimed beyond the free slots (PREFETCH) waited
@@ -665,12 +686,24 @@ class Scheduler:
             self._wake.set()
 
     def _loop(self):
+        # The feeder's own connection: its commits (claims, releases) need not wait for
+        # the WAL flush — a lost claim is recovered by its lease, the step runs either way.
+        connections.bind(f"feeder {self.queue}", self.using, relaxed_commit=True, tag=getattr(self, "tag", None))
         interval = self.s.POLL_INTERVAL
+        leases_lost = False
         try:
             self.reclaim()
         except Exception:
             logger.exception("start-up reclaim failed for queue %s", self.queue)
         while not self._stop.is_set():
+            if not self.healthy():
+                if not leases_lost:
+                    logger.error("queue %s: the heartbeat has failed for a whole lease (%ss); no new steps "
+                                 "start until it succeeds again", self.queue, self.s.LEASE_TTL)
+                leases_lost = True
+            elif leases_lost:
+                logger.warning("queue %s: the heartbeat succeeds again; steps resume", self.queue)
+                leases_lost = False
             try:
                 claimed = self.run_once()
             except Exception as exc:
@@ -693,3 +726,13 @@ class Scheduler:
             self._wake.clear()
             self.abandon_overdue()
         db.connection(self.using).close()
+        connections.unbind()
+
+    def drop(self, ids) -> int:
+        """Forget buffered (unstarted) rows whose lease we lost; return how many."""
+        ids = set(ids)
+        with self._lock:
+            kept = [j for j in self.buffer if j.id not in ids]
+            dropped = len(self.buffer) - len(kept)
+            self.buffer = deque(kept)
+        return dropped

@@ -76,7 +76,7 @@ class Supervisor:
         self.schedulers = {
             q: Scheduler(q, n, worker_id=worker_prefix(q) + self.token, prefix=worker_prefix(q),
                          flusher=self.flusher, limiter=self.limiter, settings=self.s,
-                         predecessors=config.predecessors, using=self.using)
+                         predecessors=config.predecessors, using=self.using, healthy=self.leases_held)
             for q, n in config.queues.items()
         }
         for sched in self.schedulers.values():
@@ -89,6 +89,8 @@ class Supervisor:
         self.cron = schedules.configured()
         self.timer = (Timer(self.schedulers, self._wake, self.using, schedules=self.cron)
                       if self.schedulers or self.cron else None)
+        self.heartbeat_role = None
+        self._lease_lost = False
 
     # wake-ups
     def _wake(self, queue):
@@ -132,13 +134,32 @@ class Supervisor:
         # The rows stay executing; their leases lapse and the reaper returns them.
         self._settle(entries, completed=False)
 
+    def leases_held(self) -> bool:
+        """False once the heartbeat has failed for a whole lease: our claims may be gone."""
+        role = self.heartbeat_role
+        if role is None:
+            return True
+        lost = time.monotonic() - role.last_ok >= self.s.LEASE_TTL
+        if lost:
+            self._lease_lost = True
+        return not lost
+
     def _heartbeat(self):
         slots = []
+        recovering = self._lease_lost
         for sched in self.schedulers.values():
             ids = sched.held_ids()
             if ids:
-                heartbeat(ids, sched.worker_id, self.s.LEASE_TTL, self.using)
+                kept = set(heartbeat(ids, sched.worker_id, self.s.LEASE_TTL, self.using))
                 slots += sched.held_slots()
+                if recovering:
+                    # Leases lapsed while the heartbeat failed: rows reaped meanwhile may
+                    # run elsewhere already. Never start those we no longer own.
+                    dropped = sched.drop([i for i in ids if i not in kept])
+                    if dropped:
+                        logger.warning("queue %s: %d buffered rows lost their lease during the heartbeat "
+                                       "outage; not running them", sched.queue, dropped)
+        self._lease_lost = False
         if slots:
             # Lease-native slots (Redis) expire unless renewed with the rows' leases.
             self.limiter.renew(slots)
@@ -175,10 +196,11 @@ class Supervisor:
                                "runnable and are never admitted until configured", ", ".join(unknown))
         except Exception as exc:  # visibility only: admission uses this process's settings
             logger.warning("could not record or check the configured limits: %s", exc)
-        self.flusher.start()
+        self._tag(self.flusher).start()
         for sched in self.schedulers.values():
-            sched.start()
-        self._roles.append(Periodic("heartbeat", self.s.HEARTBEAT_INTERVAL, self._heartbeat, self.using).start())
+            self._tag(sched).start()
+        self.heartbeat_role = self._tag(Periodic("heartbeat", self.s.HEARTBEAT_INTERVAL, self._heartbeat, self.using))
+        self._roles.append(self.heartbeat_role.start())
         if self.cron:
             try:
                 schedules.sync(self.cron, self.using)
@@ -189,16 +211,22 @@ class Supervisor:
                                  "this process will not fire them")
                 self.timer.schedules = {}
         if self.timer is not None:
-            self._roles.append(self.timer.start())
+            self._roles.append(self._tag(self.timer).start())
         if self.config.reaper and self.s.REAPER:
-            self._roles.append(Periodic("reaper", self.s.REAPER["INTERVAL"],
-                                        lambda: reaper_sweep(self.using, self.limiter), self.using).start())
+            self._roles.append(self._tag(Periodic("reaper", self.s.REAPER["INTERVAL"],
+                                                  lambda: reaper_sweep(self.using, self.limiter), self.using)).start())
         if self.config.gc and self.s.GC:
-            self._roles.append(Periodic("gc", self.s.GC["INTERVAL"], make_gc_sweep(
-                self.s.GC["RETENTION"], self.s.GC["BATCH"], self.limiter, self.using), self.using).start())
-        if self.s.NOTIFY == "postgres" and self.schedulers:
-            self.listener = Listener(self._wake, self._wake_all, self.using, on_timer=self._poke_timer).start()
+            self._roles.append(self._tag(Periodic("gc", self.s.GC["INTERVAL"], make_gc_sweep(
+                self.s.GC["RETENTION"], self.s.GC["BATCH"], self.limiter, self.using), self.using)).start())
+        if self.s.NOTIFY == "postgres" and self.s.POOLER is None and self.schedulers:
+            self.listener = self._tag(Listener(self._wake, self._wake_all, self.using,
+                                               on_timer=self._poke_timer)).start()
         return self
+
+    def _tag(self, role):
+        """Our token joins the application_name of the role's connection (pg_stat_activity)."""
+        role.tag = self.token
+        return role
 
     def request_stop(self, *_):
         self._stop.set()

@@ -24,6 +24,7 @@ from typing import NamedTuple
 
 from .. import db, sql
 from ..schedules import fire_due
+from . import connections
 from .maintenance import expire_awaits
 from .roles import Role
 
@@ -124,6 +125,7 @@ class Timer(Role):
         return next_timers(self.queues, self.using, self.schedules)
 
     def _loop(self):
+        connections.bind("timer", self.using, tag=getattr(self, "tag", None))  # keepalives, statement bounds (docs/reliability.md)
         while not self._stop.is_set():
             try:
                 wait = self.run_once()

@@ -1,0 +1,317 @@
+"""Fault-injection fixtures: `rundurable` subprocesses, a Postgres cluster of the test's
+own, a PgBouncer in transaction mode, and a loopback TCP proxy that can black-hole
+the connections it carries.
+
+Everything listens on 127.0.0.1 on a free port and is stopped at teardown. The
+machine's shared Postgres is never restarted nor reconfigured: a test needing server
+settings of its own (max_connections, idle_session_timeout) starts its own cluster.
+"""
+
+import json
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import psycopg
+import pytest
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parents[2]
+PG_BIN = Path(os.environ.get("GEN_DURABLE_PG_BIN", "/usr/lib/postgresql/15/bin"))
+MANAGE = [sys.executable, str(ROOT / "tests" / "manage.py")]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _as_postgres(cmd):
+    """initdb, pg_ctl and pgbouncer refuse to run as root: run them as `postgres` then."""
+    if os.geteuid() == 0:
+        return ["runuser", "-u", "postgres", "--"] + cmd
+    return cmd
+
+
+def _give_to_postgres(path):
+    if os.geteuid() == 0:
+        pw = pwd.getpwnam("postgres")
+        for root, dirs, files in os.walk(path):
+            os.chown(root, pw.pw_uid, pw.pw_gid)
+            for f in files:
+                os.chown(os.path.join(root, f), pw.pw_uid, pw.pw_gid)
+
+
+def log_lines(path):
+    """(id, attempt, what, pid) per line of a fault machine's log."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    fields = (line.split() for line in path.read_text().splitlines())
+    return [(int(i), int(a), w, int(p)) for i, a, w, p in (f for f in fields if len(f) == 4)]
+
+
+def tally(path, what):
+    return Counter(i for i, _, w, _ in log_lines(path) if w == what)
+
+
+# --- worker subprocesses -------------------------------------------------------------------
+
+@pytest.fixture
+def rundurable(tmp_path):
+    """start(*args, db=None, **GEN_DURABLE keys) → a `rundurable` child (killed at teardown).
+
+    `db` is merged over the test database's settings (HOST, PORT, NAME, USER, OPTIONS):
+    the worker then reaches it through a proxy, a pooler or another cluster. Its log
+    (verbosity 1) is in `proc.log_path`.
+    """
+    procs = []
+
+    def start(*args, db=None, **gen_durable):
+        env = dict(os.environ, DJANGO_SETTINGS_MODULE="tests.settings",
+                   GEN_DURABLE_TEST_DB_NAME=connection.settings_dict["NAME"])
+        env.pop("GEN_DURABLE_TEST_DB_OVERRIDE", None)
+        if db:
+            env["GEN_DURABLE_TEST_DB_OVERRIDE"] = json.dumps(db)
+        if gen_durable:
+            env["GEN_DURABLE_TEST_SETTINGS"] = json.dumps(gen_durable)
+        path = tmp_path / f"worker-{len(procs)}.log"
+        out = open(path, "w")
+        proc = subprocess.Popen(MANAGE + ["rundurable", *args], cwd=ROOT, env=env, stdout=out,
+                                stderr=subprocess.STDOUT, text=True)
+        out.close()
+        proc.log_path = path
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def manage(*args, db=None, timeout=120):
+    """Run a management command against `db` (merged over the test settings); return stdout."""
+    env = dict(os.environ, DJANGO_SETTINGS_MODULE="tests.settings",
+               GEN_DURABLE_TEST_DB_NAME=connection.settings_dict["NAME"])
+    if db:
+        env["GEN_DURABLE_TEST_DB_OVERRIDE"] = json.dumps(db)
+    done = subprocess.run(MANAGE + list(args), cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    return done.stdout
+
+
+# --- a cluster of the test's own -------------------------------------------------------------
+
+class Cluster:
+    def __init__(self, root, port, settings):
+        self.root, self.port, self.settings = Path(root), port, settings
+        self.data = self.root / "data"
+
+    def start(self):
+        subprocess.run(_as_postgres([str(PG_BIN / "initdb"), "-D", str(self.data), "-U", "postgres",
+                                     "--auth=trust", "-E", "UTF8", "--no-sync"]),
+                       check=True, capture_output=True)
+        conf = {"port": self.port, "listen_addresses": "'127.0.0.1'",
+                "unix_socket_directories": f"'{self.root}'", "fsync": "off", "synchronous_commit": "off",
+                "full_page_writes": "off", "autovacuum": "off", "shared_buffers": "'16MB'",
+                **self.settings}
+        with open(self.data / "postgresql.conf", "a") as f:
+            for k, v in conf.items():
+                f.write(f"{k} = {v}\n")
+        _give_to_postgres(self.root)
+        subprocess.run(_as_postgres([str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-l",
+                                     str(self.root / "server.log"), "-w", "-t", "60", "start"]),
+                       check=True, capture_output=True)
+        return self
+
+    def stop(self):
+        subprocess.run(_as_postgres([str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-m", "immediate",
+                                     "-w", "stop"]), capture_output=True)
+
+    def dsn(self, user="postgres", dbname="postgres"):
+        return f"host=127.0.0.1 port={self.port} user={user} dbname={dbname}"
+
+    def connect(self, user="postgres", dbname="postgres", **kw):
+        return psycopg.connect(self.dsn(user, dbname), autocommit=True, **kw)
+
+
+@pytest.fixture
+def pg_cluster():
+    """start(**postgresql.conf settings) → a running Cluster, stopped at teardown."""
+    if not (PG_BIN / "initdb").exists():
+        pytest.skip(f"no Postgres binaries in {PG_BIN}")
+    started = []
+
+    def start(**settings):
+        root = tempfile.mkdtemp(prefix="gd-cluster-")
+        os.chmod(root, 0o755)
+        cluster = Cluster(root, free_port(), settings)
+        started.append(cluster)
+        return cluster.start()
+
+    yield start
+    for cluster in started:
+        cluster.stop()
+        shutil.rmtree(cluster.root, ignore_errors=True)
+
+
+# --- PgBouncer --------------------------------------------------------------------------------
+
+class Bouncer:
+    def __init__(self, root, port, proc):
+        self.root, self.port, self.proc = root, port, proc
+
+    def connect(self, dbname, **kw):
+        return psycopg.connect(f"host=127.0.0.1 port={self.port} user=postgres dbname={dbname}",
+                               autocommit=True, prepare_threshold=None, **kw)
+
+
+@pytest.fixture
+def pgbouncer():
+    """start(pool_size=1) → a PgBouncer in transaction mode in front of the shared server."""
+    binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
+    if not os.path.exists(binary):
+        pytest.fail("pgbouncer is not installed (.ci/run installs the Debian package)")
+    started = []
+
+    def start(pool_size=1):
+        params = connection.get_connection_params()
+        root = Path(tempfile.mkdtemp(prefix="gd-bouncer-"))
+        os.chmod(root, 0o755)
+        port = free_port()
+        (root / "users.txt").write_text('"postgres" ""\n')
+        (root / "pgbouncer.ini").write_text(f"""[databases]
+* = host={params.get('host', '127.0.0.1')} port={params.get('port', 5432)}
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = {port}
+unix_socket_dir =
+auth_type = trust
+auth_file = {root}/users.txt
+pool_mode = transaction
+default_pool_size = {pool_size}
+min_pool_size = 0
+max_client_conn = 200
+server_check_delay = 0
+ignore_startup_parameters = extra_float_digits
+logfile = {root}/pgbouncer.log
+pidfile = {root}/pgbouncer.pid
+""")
+        _give_to_postgres(root)
+        proc = subprocess.Popen(_as_postgres([binary, str(root / "pgbouncer.ini")]),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        bouncer = Bouncer(root, port, proc)
+        started.append(bouncer)
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                with bouncer.connect(connection.settings_dict["NAME"]) as c:
+                    c.execute("SELECT 1")
+                return bouncer
+            except psycopg.OperationalError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    log = (root / "pgbouncer.log")
+                    raise AssertionError("pgbouncer did not start: " + (log.read_text()[-2000:] if log.exists() else ""))
+                time.sleep(0.1)
+
+    yield start
+    for bouncer in started:
+        bouncer.proc.terminate()
+        try:
+            bouncer.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            bouncer.proc.kill()
+            bouncer.proc.wait()
+        shutil.rmtree(bouncer.root, ignore_errors=True)
+
+
+# --- a loopback proxy that can black-hole what it carries ------------------------------------
+
+class BlackholeProxy:
+    """Forwards 127.0.0.1:port to the database. `blackhole()` makes every connection open
+    at that moment swallow traffic both ways — sockets stay open, nothing flows, no error
+    (a dead NAT entry, a failed-over host) — while new connections work normally."""
+
+    def __init__(self, target):
+        self.target = target
+        self.port = free_port()
+        self._server = socket.create_server(("127.0.0.1", self.port))
+        self._lock = threading.Lock()
+        self._pairs = []  # [client, upstream, {"dead": bool}]
+        self._stop = False
+        self.accepted = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while not self._stop:
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(self.target)
+            except OSError:
+                client.close()
+                continue
+            state = {"dead": False}
+            with self._lock:
+                self._pairs.append((client, upstream, state))
+                self.accepted += 1
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b, state), daemon=True).start()
+
+    @staticmethod
+    def _pump(src, dst, state):
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                if not state["dead"]:
+                    dst.sendall(data)
+        except OSError:
+            pass
+        if not state["dead"]:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def blackhole(self) -> int:
+        with self._lock:
+            live = [p for p in self._pairs if not p[2]["dead"]]
+            for _, _, state in live:
+                state["dead"] = True
+        return len(live)
+
+    def close(self):
+        self._stop = True
+        self._server.close()
+        with self._lock:
+            for client, upstream, _ in self._pairs:
+                for s in (client, upstream):
+                    try:
+                        s.close()
+                    except OSError:
+                        pass
+
+
+@pytest.fixture
+def blackhole_proxy():
+    params = connection.get_connection_params()
+    proxy = BlackholeProxy((params.get("host", "127.0.0.1"), int(params.get("port", 5432))))
+    yield proxy
+    proxy.close()

@@ -1,0 +1,126 @@
+"""Connections the server closes, steps that lose theirs, and locks that do not go away
+(docs/reliability.md, "Connections"). In-process workers on the shared server; every
+killed session belongs to this test's own database.
+
+The Recorder machine logs each run's start and end to a file, so "the body ran once"
+is counted exactly.
+"""
+
+import time
+
+import pytest
+from django.db import connection
+
+import gen_durable as gd
+from gen_durable.models import Instance
+from tests.conftest import wait_until
+from tests.durable_app.durable import Recorder
+from tests.durable_app.fault_machines import DbJob, DbMachine
+from tests.faults.conftest import log_lines, tally
+from tests.races.test_faults import other_session, statuses
+
+
+def terminate(where="", params=()):
+    """pg_terminate_backend every client session of this database but ours (and `where`)."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+                    "AND backend_type = 'client backend' " + where, list(params))
+        return cur.fetchone()[0]
+
+
+def sessions(application_name):
+    with connection.cursor() as cur:
+        cur.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND application_name = %s", [application_name])
+        return cur.fetchone()[0]
+
+
+def role_name(sup, role, queue):
+    """The application_name of `role`'s connection in worker `sup`."""
+    part = {"feeder": f"feeder {queue}", "listener": "listener gen_durable"}.get(role, role)
+    return f"gen_durable {part} {sup.token}"
+
+
+def run_once_each(ids, log, queue, timeout):
+    wait_until(lambda: statuses(queue) == {"done": len(ids)}, timeout=timeout, what=f"{len(ids)} done")
+    assert tally(log, "start") == {i: 1 for i in ids}, "every body ran exactly once"
+    assert set(Instance.objects.filter(id__in=ids).values_list("attempt", flat=True)) == {0}, "nothing was reaped"
+
+
+def test_connections_the_server_closed_while_idle_lose_no_outcome(committed, engine, queue_name, tmp_path):
+    """idle_session_timeout, a NAT or a failover closes every idle connection of the worker.
+
+    The next flush must not drop its outcomes (to be re-run by the reaper after the
+    lease): it is retried on a new connection at once."""
+    log = tmp_path / "steps.log"
+    engine({queue_name: 2})
+    warm = gd.insert(Recorder, state={"log": str(log)}, queue=queue_name)  # every role connects
+    wait_until(lambda: statuses(queue_name) == {"done": 1}, what="the first instance done")
+    time.sleep(0.3)  # and goes idle
+    assert terminate() >= 3
+    started = time.monotonic()
+    ids = gd.insert_all([gd.Spec(Recorder, state={"log": str(log)}, queue=queue_name) for _ in range(5)])
+    run_once_each([warm] + ids, log, queue_name, timeout=30)
+    # Well inside the lease (3 s here): nothing waited for the reaper.
+    assert time.monotonic() - started < 3
+
+
+@pytest.mark.parametrize("role", ["flusher", "feeder", "heartbeat", "reaper", "gc", "listener"])
+def test_each_roles_connection_terminated_in_turn(committed, engine, queue_name, tmp_path, role):
+    log = tmp_path / "steps.log"
+    sup = engine({queue_name: 2})
+    name = role_name(sup, role, queue_name)
+    # One long step keeps a row held, so the heartbeat has work to do.
+    first = gd.insert(Recorder, state={"log": str(log), "sleep": 1.5}, queue=queue_name)
+    # Terminated while it is idle: a claim whose COMMIT is cut off is in doubt (the lease
+    # settles it), so the first row is claimed and running before we strike.
+    wait_until(lambda: tally(log, "start") == {first: 1} and sessions(name) == 1, what=f"the {role} connected")
+    assert terminate("AND application_name = %s", [name]) == 1
+    ids = [first] + gd.insert_all([gd.Spec(Recorder, state={"log": str(log)}, queue=queue_name) for _ in range(3)])
+    run_once_each(ids, log, queue_name, timeout=30)
+    wait_until(lambda: sessions(name) == 1, what=f"the {role} to reconnect")
+    assert sup.flusher._thread.is_alive() and all(s._thread.is_alive() for s in sup.schedulers.values())
+
+
+@pytest.mark.parametrize("machine", [DbJob, DbMachine])
+def test_a_step_that_loses_its_connection_is_retried_not_handled(committed, engine, queue_name, tmp_path, machine):
+    """The step's own session is terminated under it: retried with back-off (the job has a
+    single attempt and the machine's handle() stops on any exception — neither sees it)."""
+    log = tmp_path / "steps.log"
+    engine({queue_name: 1})
+    id_ = gd.insert(machine, state={"log": str(log), "mode": "lose"}, queue=queue_name)
+    wait_until(lambda: statuses(queue_name) == {"done": 1}, timeout=30, what="the instance done")
+    r = Instance.objects.get(id=id_)
+    assert (r.attempt, r.result) == (1, {"attempt": 1})
+    assert [(a, w) for _, a, w, _ in log_lines(log)] == [(0, "start"), (1, "start"), (1, "end")]
+
+
+def test_a_data_error_in_a_step_still_goes_to_handle(committed, engine, queue_name, tmp_path):
+    log = tmp_path / "steps.log"
+    engine({queue_name: 1})
+    id_ = gd.insert(DbJob, state={"log": str(log), "mode": "data"}, queue=queue_name)
+    wait_until(lambda: statuses(queue_name) == {"failed": 1}, timeout=30, what="the job failed")
+    r = Instance.objects.get(id=id_)
+    assert r.attempt == 0 and "division by zero" in r.last_error
+
+
+def test_a_flush_blocked_by_another_sessions_lock_commits_the_rest(committed, engine, settings, queue_name, tmp_path):
+    """Another session holds one instance's row FOR UPDATE in an open transaction.
+
+    The flush gives up on it after LOCK_TIMEOUT, commits the other outcomes at once, and
+    commits the blocked one once the lock is gone — nothing waits forever, nothing runs twice."""
+    settings.GEN_DURABLE = {**settings.GEN_DURABLE, "LOCK_TIMEOUT": 0.3, "LEASE_TTL": 6, "HEARTBEAT_INTERVAL": 0.5}
+    log, hold = tmp_path / "steps.log", tmp_path / "hold"
+    hold.touch()
+    engine({queue_name: 4})
+    blocked = gd.insert(Recorder, state={"log": str(log), "hold": str(hold), "sleep": 30}, queue=queue_name)
+    wait_until(lambda: tally(log, "start") == {blocked: 1}, what="the blocked instance's step running")
+    with other_session() as other:
+        other.execute("SELECT id FROM gen_durable WHERE id = %s FOR UPDATE", [blocked])
+        hold.unlink()  # its step ends; its flush waits on our lock
+        wait_until(lambda: tally(log, "end") == {blocked: 1}, what="the step to end")
+        others = gd.insert_all([gd.Spec(Recorder, state={"log": str(log)}, queue=queue_name) for _ in range(4)])
+        wait_until(lambda: statuses(queue_name) == {"done": 4, "executing": 1}, timeout=20,
+                   what="the other outcomes committed while the lock is held")
+    run_once_each([blocked] + others, log, queue_name, timeout=20)
