@@ -127,6 +127,8 @@ class Command(BaseCommand):
             self._require_migrations(settings.DATABASE)
         if queue and child is None:
             self._check_queues([name for name, _ in queue], burst)
+        if child is None:
+            self._check_connection_budget(queues, processes, reaper=not no_reaper, gc=not no_gc)
         if processes > 1 and child is None:
             return self._supervise(processes)
         from gen_durable.worker.supervisor import Supervisor, WorkerConfig
@@ -178,6 +180,24 @@ class Command(BaseCommand):
         if burst:
             raise CommandError(message + "; refusing --burst, which would exit 0 with nothing done")
         self.stderr.write(f"Warning: {message}")
+
+    def _check_connection_budget(self, queues, processes, *, reaper, gc):
+        """Log the host's connection need; refuse one the server's max_connections cannot hold."""
+        from django.db import DatabaseError
+
+        from gen_durable import db
+        from gen_durable.worker.connections import ConnectionBudgetError, check_budget, connection_need
+
+        need = connection_need(queues, processes=processes, reaper=reaper, gc=gc)
+        log = logging.getLogger("gen_durable.worker")
+        try:
+            log.info(check_budget(need))
+        except ConnectionBudgetError as exc:
+            raise CommandError(str(exc)) from None
+        except DatabaseError as exc:  # the database is not reachable yet: the worker's start-up deals with it
+            log.warning("could not read the server's max_connections (%s); connection need: %d", exc, need["total"])
+        finally:
+            db.connection().close()
 
     def _supervise(self, processes: int):
         """Run `processes` children and keep them running until SIGTERM/SIGINT.
