@@ -248,18 +248,21 @@ def connection_need(queues: dict, *, processes: int = 1, reaper: bool = True, gc
                     listener: bool | None = None) -> dict:
     """Connections a `rundurable` host holds at most: a dict of parts and the "total".
 
-    Per process: Σ queue concurrency (one per step thread whose steps use the database)
-    + one feeder per queue + flusher + heartbeat + listener (not behind a pooler, not with
-    NOTIFY 'none') + the main thread; the first process adds the reaper and GC.
+    Per process: Σ queue concurrency (one per sync step thread whose steps use the
+    database) + one for every async step (Django's shared sync thread) + one feeder per
+    queue + flusher + heartbeat + timer + listener (not behind a pooler, not with NOTIFY
+    'none') + the main thread; the first process adds the reaper and GC.
     """
     s = get_settings()
     if listener is None:
         listener = s.NOTIFY == "postgres" and not pooled()
     per_process = {
         "step threads": sum(queues.values()),
+        "async steps": 1,
         "feeders": len(queues),
         "flusher": 1,
         "heartbeat": 1,
+        "timer": 1,
         "listener": int(bool(listener and queues)),
         "main": 1,
     }

@@ -163,11 +163,11 @@ def _run(cls, job: Claimed, inline: bool = False) -> Entry:
                          presented=tuple(s.id for s in awaited), inline=inline)
         return _with_record(entry, machine)
     except BaseException as error:
-        if db.is_connection_error(error):
+        if db.is_connection_error(error) and (retry := connection_retry(error, cls, job)) is not None:
             # The database went away under the step (a restart, a failover, no free
             # connection): nothing is wrong with the instance, so it is retried with
             # back-off without asking handle(), for machines and jobs alike.
-            return connection_retry(error, cls, job)
+            return retry
         # Any exception, SystemExit included (a step thread is not the main thread, so
         # nothing else would stop): handle() sees no inputs, and its outcome consumes
         # none. An unbounded lease/re-run loop is the alternative.
@@ -229,8 +229,8 @@ async def _arun(cls, job: Claimed, inline: bool = False) -> Entry:
     except asyncio.CancelledError:
         raise
     except BaseException as error:
-        if db.is_connection_error(error):  # as in _run: retried, not handed to handle()
-            return connection_retry(error, cls, job)
+        if db.is_connection_error(error) and (retry := connection_retry(error, cls, job)) is not None:
+            return retry  # as in _run: retried, not handed to handle()
         if budget is not None and budget.expired():
             elapsed = time.monotonic() - started
             error = StepTimeout(job.step, timeout, elapsed)
@@ -359,7 +359,15 @@ async def aexecute(job: Claimed, *, inline: bool = False) -> Entry:
     return entry
 
 
-def connection_retry(error: BaseException, cls, job: Claimed) -> Entry:
+def connection_retry(error: BaseException, cls, job: Claimed) -> Entry | None:
+    """The Retry of a step that lost its database connection; None at the last attempt.
+
+    A retry costs an attempt like any other: at the machine's `max_attempts` (a Job's
+    default is 20; a Machine has none unless it sets one) the error goes to handle().
+    """
+    limit = getattr(cls, "max_attempts", None)
+    if limit is not None and job.attempt + 1 >= limit:
+        return None
     delay = jittered(min(CONNECTION_RETRY_BASE * 2 ** min(job.attempt, 16), CONNECTION_RETRY_CAP))
     logger.warning("step %s#%s %s lost its database connection (%s); retrying in %.1fs",
                    job.fsm, job.id, job.step, error_text(error), delay)

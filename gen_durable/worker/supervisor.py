@@ -147,8 +147,10 @@ class Supervisor:
     def _heartbeat(self):
         slots = []
         recovering = self._lease_lost
+        held = False
         for sched in self.schedulers.values():
             ids = sched.held_ids()
+            held = held or bool(ids)
             if ids:
                 kept = set(heartbeat(ids, sched.worker_id, self.s.LEASE_TTL, self.using))
                 slots += sched.held_slots()
@@ -159,6 +161,10 @@ class Supervisor:
                     if dropped:
                         logger.warning("queue %s: %d buffered rows lost their lease during the heartbeat "
                                        "outage; not running them", sched.queue, dropped)
+        if not held:
+            # Nothing to renew: one round trip still proves the heartbeat reaches the
+            # database, so a worker whose heartbeat is cut off claims nothing new.
+            db.fetchone("SELECT 1", None, self.using)
         self._lease_lost = False
         if slots:
             # Lease-native slots (Redis) expire unless renewed with the rows' leases.

@@ -40,11 +40,11 @@ def db_body(ctx):
 
 
 class DbJob(gd.Job):
-    """A job with a single attempt: any failure handle() sees is final."""
+    """A job with two attempts: a failure handle() sees at the second is final."""
 
     name = "tests.faults.DbJob"
     queue = "default"
-    max_attempts = 1
+    max_attempts = 2
 
     def perform(self, args, ctx):
         return db_body(ctx)

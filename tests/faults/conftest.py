@@ -119,6 +119,7 @@ class Cluster:
         self.data = self.root / "data"
 
     def start(self):
+        _give_to_postgres(self.root)
         subprocess.run(_as_postgres([str(PG_BIN / "initdb"), "-D", str(self.data), "-U", "postgres",
                                      "--auth=trust", "-E", "UTF8", "--no-sync"]),
                        check=True, capture_output=True)

@@ -85,8 +85,9 @@ def test_each_roles_connection_terminated_in_turn(committed, engine, queue_name,
 
 @pytest.mark.parametrize("machine", [DbJob, DbMachine])
 def test_a_step_that_loses_its_connection_is_retried_not_handled(committed, engine, queue_name, tmp_path, machine):
-    """The step's own session is terminated under it: retried with back-off (the job has a
-    single attempt and the machine's handle() stops on any exception — neither sees it)."""
+    """The step's own session is terminated under it: retried with back-off, not handed to
+    handle() (the machine's default handle() stops on any exception; the job's retries
+    with its own backoff)."""
     log = tmp_path / "steps.log"
     engine({queue_name: 1})
     id_ = gd.insert(machine, state={"log": str(log), "mode": "lose"}, queue=queue_name)
@@ -99,8 +100,8 @@ def test_a_step_that_loses_its_connection_is_retried_not_handled(committed, engi
 def test_a_data_error_in_a_step_still_goes_to_handle(committed, engine, queue_name, tmp_path):
     log = tmp_path / "steps.log"
     engine({queue_name: 1})
-    id_ = gd.insert(DbJob, state={"log": str(log), "mode": "data"}, queue=queue_name)
-    wait_until(lambda: statuses(queue_name) == {"failed": 1}, timeout=30, what="the job failed")
+    id_ = gd.insert(DbMachine, state={"log": str(log), "mode": "data"}, queue=queue_name)
+    wait_until(lambda: statuses(queue_name) == {"failed": 1}, timeout=30, what="the instance failed")
     r = Instance.objects.get(id=id_)
     assert r.attempt == 0 and "division by zero" in r.last_error
 
