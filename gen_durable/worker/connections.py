@@ -250,8 +250,8 @@ def connection_need(queues: dict, *, processes: int = 1, reaper: bool = True, gc
 
     Per process: Σ queue concurrency (one per sync step thread whose steps use the
     database) + one for every async step (Django's shared sync thread) + one feeder per
-    queue + flusher + heartbeat + timer + listener (not behind a pooler, not with NOTIFY
-    'none') + the main thread; the first process adds the reaper and GC.
+    queue + flusher + heartbeat + timer + reaper + listener (not behind a pooler, not with
+    NOTIFY 'none') + the main thread; the first process adds the GC.
     """
     s = get_settings()
     if listener is None:
@@ -263,11 +263,12 @@ def connection_need(queues: dict, *, processes: int = 1, reaper: bool = True, gc
         "flusher": 1,
         "heartbeat": 1,
         "timer": 1,
+        "reaper": int(bool(reaper and s.REAPER)),
         "listener": int(bool(listener and queues)),
         "main": 1,
     }
     each = sum(per_process.values())
-    maintenance = int(bool(reaper and s.REAPER)) + int(bool(gc and s.GC))
+    maintenance = int(bool(gc and s.GC))
     return {"per process": per_process, "processes": processes, "maintenance": maintenance,
             "total": each * processes + maintenance}
 
@@ -293,7 +294,7 @@ def check_budget(need: dict, using=None) -> str:
     per = need["per process"]
     parts = " + ".join(f"{v} {k}" for k, v in per.items() if v)
     line = (f"gen_durable needs up to {need['total']} database connections: {need['processes']} process(es) × "
-            f"({parts}) + {need['maintenance']} maintenance")
+            f"({parts}) + {need['maintenance']} GC")
     if pooled():
         return line + " (client connections of the pooler; its pool size bounds the server's)"
     limit = server_limit(using)
