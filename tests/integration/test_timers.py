@@ -127,3 +127,26 @@ def test_negative_control_a_read_then_write_sweep_fires_twice(clean_tables):
         t.join(30)
     assert len(fired) == 2 * n  # every deadline fired twice
     assert expire_awaits() == []  # the real sweep finds nothing left, and never double-fires
+
+
+
+@pytest.mark.parametrize("delay, channel", [(60, "gen_durable_timer"), (0, "gen_durable")], ids=["later", "due"])
+def test_a_task_enqueue_notifies_the_timer_for_later_rows_and_the_queue_for_due_ones(transactional_db, delay, channel):
+    """A Django task with run_after must wake every worker's timer, as gd.insert(schedule_in=)
+    does; otherwise it starts at the timer's next periodic re-read (up to 30 s late)."""
+    import datetime as dt
+
+    import psycopg
+    from django.utils import timezone
+
+    from tests.durable_app.tasks import add
+
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    with psycopg.connect(**params, autocommit=True) as listener:
+        listener.execute("LISTEN gen_durable_timer")
+        listener.execute("LISTEN gen_durable")
+        add.using(run_after=timezone.now() + dt.timedelta(seconds=delay)).enqueue(2, 3)
+        got = [(n.channel, n.payload) for n in listener.notifies(timeout=5, stop_after=1)]
+    assert got == [(channel, "default")]

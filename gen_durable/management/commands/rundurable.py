@@ -231,7 +231,10 @@ class Command(BaseCommand):
             extra = [f"--predecessors={','.join(map(str, slot['dead']))}"] if slot["dead"] else []
             slot["proc"] = subprocess.Popen([sys.executable] + base + [f"--child={i}", f"--parent={os.getpid()}"]
                                             + extra)
-            slot["started"], slot["dead"] = time.monotonic(), []
+            # Keep the dead pids: a replacement may itself die before its start-up reclaim
+            # ran, and the next one must still take every predecessor's claims back.
+            # Extra pids cost nothing (their claims are already gone); keep the last few.
+            slot["started"], slot["dead"] = time.monotonic(), slot["dead"][-MAX_RAPID_DEATHS:]
 
         def forward(signum, frame):
             stopping.append(signum)
