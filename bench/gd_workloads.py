@@ -1,4 +1,4 @@
-"""gen_durable's own benchmark workloads (SPEC §8), run through the example project.
+"""gen_durable's own benchmark workloads (docs/design.md#performance-contract), run through the example project.
 
 Each workload has the harness contract ``fn(db_url) -> dict`` (see harness.py): it
 migrates the example project (example_project/) against the scratch database, pre-fills

@@ -528,7 +528,7 @@ def render_markdown(data: dict) -> str:
     return "\n".join(out)
 
 
-# SPEC §8 targets: (label, our benchmark, reference benchmark, required ratio).
+# docs/design.md#performance-contract targets: (label, our benchmark, reference benchmark, required ratio).
 TARGETS = [
     ("drain ≥ 1.5× pgqueuer tuned", "gd_drain_c50_p2", "pgqueuer", 1.5),
     ("drain ≥ 50 % of the raw claim+complete ceiling", "gd_drain_c50_p2", "raw_claim_complete", 0.5),
@@ -542,8 +542,8 @@ TARGETS = [
 
 
 def render_targets(benchmarks: dict) -> list[str]:
-    """The SPEC §8 ratio targets, computed from the medians present (by how much met or missed)."""
-    lines = ["## Targets (SPEC §8, ratios of medians)", "",
+    """The docs/design.md#performance-contract ratio targets, computed from the medians present (by how much met or missed)."""
+    lines = ["## Targets (docs/design.md#performance-contract, ratios of medians)", "",
              "| target | ours | reference | ratio | required | met |", "|---|---:|---:|---:|---:|---|"]
     for label, ours, ref, need in TARGETS:
         a, b = benchmarks.get(ours), benchmarks.get(ref)

@@ -2,7 +2,7 @@
 
     bench/.venv/bin/python bench/plans.py [--rows 1000000]
 
-Seeds a scratch database with the SPEC §8 shape (tests/plans/seed.py: ≈30 % runnable
+Seeds a scratch database with the docs/design.md#performance-contract shape (tests/plans/seed.py: ≈30 % runnable
 over 3 queues, 0.5 % executing, the rest terminal, 5 % with an inbox row), ANALYZEs it,
 then runs each statement inside BEGIN … ROLLBACK (so the data set does not change) twice
 and keeps the second, warm plan. Writes bench/results/plans.md.

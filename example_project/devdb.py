@@ -38,7 +38,7 @@ def database_url() -> str:
 def database_settings() -> dict:
     """DATABASES['default'] from database_url(), with the options gen_durable wants:
     server-side binding and prepared statements, so each static hot-path statement is
-    planned once per connection (SPEC §0; system check gen_durable.W002)."""
+    planned once per connection (docs/design.md#model; system check gen_durable.W002)."""
     import environ
 
     config = environ.Env.db_url_config(database_url())

@@ -1,4 +1,4 @@
-"""gen_durable: Postgres-backed durable execution for Django (SPEC §1).
+"""gen_durable: Postgres-backed durable execution for Django (docs/guide.md).
 
 Public API only; everything else is internal.
 """

@@ -11,7 +11,7 @@ class GenDurableConfig(AppConfig):
 
         from . import checks  # noqa: F401  (registers the system checks)
 
-        # Machines in <app>/durable.py register themselves on import (SPEC §1).
+        # Machines in <app>/durable.py register themselves on import (docs/guide.md).
         autodiscover_modules("durable")
         if _tasks_on_gen_durable():
             # Django tasks live in <app>/tasks.py by convention; the worker resolves a

@@ -1,4 +1,4 @@
-"""The public calls: insert, insert_all (+ async twins) and friends (SPEC §1).
+"""The public calls: insert, insert_all (+ async twins) and friends (docs/guide.md).
 
 Each blocking call runs on Django's connection for `using` (default
 GEN_DURABLE['DATABASE']) and so takes part in the caller's `transaction.atomic()`.
@@ -128,7 +128,7 @@ def insert(machine, *, state=None, args=None, step=None, queue=None, priority=0,
            schedule_in=None, schedule_at=None, eligible_at=None, correlation_key=None,
            correlation_scope=None, concurrency_key=None, rate_limit=None, weight=1,
            using=None) -> int:
-    """Insert one instance of `machine` and return its id. Statements: 1 (SPEC §1, §8).
+    """Insert one instance of `machine` and return its id. Statements: 1 (docs/guide.md, docs/design.md#performance-contract).
 
     Args:
         machine: a Machine/Job class or its registered name.
@@ -136,8 +136,8 @@ def insert(machine, *, state=None, args=None, step=None, queue=None, priority=0,
         step: first step (default `machine.initial`).
         queue: default `machine.queue`; priority: smallint, lower runs first.
         eligible_at > schedule_at > schedule_in: when it may first run — aware datetimes,
-            or seconds ≥ 0 (float or timedelta) from the database's clock (§4.12).
-        correlation_key / correlation_scope: identity and its reserved statuses (§4.1);
+            or seconds ≥ 0 (float or timedelta) from the database's clock (docs/design.md#one-clock).
+        correlation_key / correlation_scope: identity and its reserved statuses (docs/design.md#identity);
             scope default = live statuses; [] = no uniqueness and not addressable.
         concurrency_key, rate_limit: None, "name" or (name, partition); weight > 0.
         using: database alias.
@@ -248,7 +248,7 @@ def signal(target, name: str, payload=None, *, dedup_key: str | None = None, usi
     """Deliver signal `name` to `target` (an id or a live correlation key). Statements: 1.
 
     The signal lands in the target's inbox; a target parked awaiting `name` becomes
-    runnable and its queue is notified on commit (SPEC §4.4). Signals to instances not
+    runnable and its queue is notified on commit (docs/design.md#signals). Signals to instances not
     parked on `name` wait in the inbox for a later Await.
     Args: payload: JSON-serialisable; dedup_key (at most 255 characters): once a key
         has been delivered to an instance — under any signal name — it stays delivered

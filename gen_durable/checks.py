@@ -1,4 +1,4 @@
-"""System checks for `settings.GEN_DURABLE` (SPEC §2): gen_durable.E0nn / W0nn.
+"""System checks for `settings.GEN_DURABLE` (docs/design.md#settings): gen_durable.E0nn / W0nn.
 
 One function per concern; each failure names the key and carries a hint. They run at
 `manage.py check`, `migrate` and `rundurable` start-up.
@@ -33,7 +33,7 @@ def check_unknown_keys(app_configs=None, **kwargs):
     """E001: a key of GEN_DURABLE that gen_durable does not know."""
     raw = getattr(django_settings, "GEN_DURABLE", None)
     if raw is not None and not isinstance(raw, dict):
-        return [Error("GEN_DURABLE must be a dict.", hint="See SPEC §2 for the keys.", id=ID + "E001")]
+        return [Error("GEN_DURABLE must be a dict.", hint="See docs/design.md#settings for the keys.", id=ID + "E001")]
     errors = []
     for key in sorted(user_settings()):
         if key not in DEFAULTS:
@@ -73,15 +73,15 @@ def check_timings(app_configs=None, **kwargs):
             continue  # derived from LEASE_TTL (conf.derived_heartbeat), checked there
         if not _num(getattr(s, key), positive=True):
             errors.append(Error(f"GEN_DURABLE['{key}'] must be a number of seconds > 0, got {getattr(s, key)!r}.",
-                                hint="Durations are seconds (SPEC §2).", id=ID + "E003"))
+                                hint="Durations are seconds (docs/design.md#settings).", id=ID + "E003"))
     if not _num(s.DRAIN_TIMEOUT):
         errors.append(Error(f"GEN_DURABLE['DRAIN_TIMEOUT'] must be seconds >= 0, got {s.DRAIN_TIMEOUT!r}.",
                             hint="Seconds in-flight steps get on shutdown.", id=ID + "E003"))
     for key in ("PREFETCH",):
         if not _int(getattr(s, key)):
-            errors.append(Error(f"GEN_DURABLE['{key}'] must be an int >= 0.", hint="Feeder knob (SPEC §2).", id=ID + "E003"))
+            errors.append(Error(f"GEN_DURABLE['{key}'] must be an int >= 0.", hint="Feeder knob (docs/design.md#settings).", id=ID + "E003"))
     if not _int(s.MIN_DEMAND, minimum=1):
-        errors.append(Error("GEN_DURABLE['MIN_DEMAND'] must be an int >= 1.", hint="Feeder knob (SPEC §2).", id=ID + "E003"))
+        errors.append(Error("GEN_DURABLE['MIN_DEMAND'] must be an int >= 1.", hint="Feeder knob (docs/design.md#settings).", id=ID + "E003"))
     for key in ("LOCK_TIMEOUT", "STATEMENT_TIMEOUT"):
         if not _num(getattr(s, key), positive=True):
             errors.append(Error(f"GEN_DURABLE['{key}'] must be a number of seconds > 0, got {getattr(s, key)!r}.",
@@ -141,7 +141,7 @@ def check_sections(app_configs=None, **kwargs):
     s = get_settings()
     errors = []
     if s.FLUSH is False:
-        errors.append(Error("GEN_DURABLE['FLUSH'] cannot be False.", hint="Every outcome goes through the flush (SPEC §10.3).", id=ID + "E004"))
+        errors.append(Error("GEN_DURABLE['FLUSH'] cannot be False.", hint="Every outcome goes through the flush (docs/design.md#decisions).", id=ID + "E004"))
     else:
         errors += _section(s.FLUSH, "FLUSH", ("MAX_BATCH", "MAX_DELAY"), "E004")
     errors += _section(s.REAPER, "REAPER", ("INTERVAL",), "E004")
@@ -287,7 +287,7 @@ def check_notify_and_limiter(app_configs=None, **kwargs):
     lim = s.LIMITER
     if not (lim == "postgres" or (isinstance(lim, dict) and lim.get("BACKEND") in ("postgres", "redis"))):
         errors.append(Error(f"GEN_DURABLE['LIMITER'] must be 'postgres' or {{'BACKEND': 'redis', 'URL': ...}}, got {lim!r}.",
-                            hint="See SPEC §2.", id=ID + "E006"))
+                            hint="See docs/design.md#settings.", id=ID + "E006"))
     elif isinstance(lim, dict) and lim.get("BACKEND") == "redis" and not isinstance(lim.get("URL"), str):
         errors.append(Error("GEN_DURABLE['LIMITER'] with BACKEND 'redis' needs a 'URL'.",
                             hint="For example 'redis://127.0.0.1:6379/0'.", id=ID + "E006"))
@@ -384,7 +384,7 @@ def check_database(app_configs=None, databases=None, **kwargs):
         return [Warning(
             f"Database {alias!r} has prepared statements off (Django's default).",
             hint='Set OPTIONS={"server_side_binding": True, "prepare_threshold": 1} so each hot statement '
-                 "is planned once per connection (SPEC §0); keep them off behind PgBouncer in transaction mode.",
+                 "is planned once per connection (docs/design.md#model); keep them off behind PgBouncer in transaction mode.",
             id=ID + "W002")]
     return []
 

@@ -1,4 +1,4 @@
-"""JSON encoding of states, results and payloads (SPEC §1: Django's JSON encoder).
+"""JSON encoding of states, results and payloads (Django's JSON encoder; docs/guide.md).
 
 Plain dict states are stored as encoded by `DjangoJSONEncoder` (datetime → ISO string,
 Decimal → string, UUID → string) and come back as those strings. A machine that
@@ -159,7 +159,7 @@ def load_typed(cls, data):
     """Build `cls` (a dataclass or pydantic model) from decoded JSON; missing keys take defaults."""
     if data is None:
         data = {}
-    if isinstance(data, str):  # legacy rows whose jsonb is a JSON string (behaviours INS-13)
+    if isinstance(data, str):  # legacy rows whose jsonb is a JSON string
         data = json.loads(data)
     if _is_pydantic(cls):
         return cls.model_validate(data)

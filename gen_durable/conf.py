@@ -1,4 +1,4 @@
-"""`settings.GEN_DURABLE` → a frozen `Settings` (SPEC §2).
+"""`settings.GEN_DURABLE` → a frozen `Settings` (docs/design.md#settings).
 
 Read it with `get_settings()`; the value is cached and reset when Django's
 `setting_changed` signal fires (so `override_settings` works in tests). Validation
@@ -46,7 +46,7 @@ DEFAULTS: dict[str, Any] = {
     # seconds a row may wait for its batch, rows queued at most, an optional dotted path
     # to on_error(error, specs).
     "PRODUCER": {"MAX_BATCH": 1000, "MAX_DELAY": 0.1, "MAX_BUFFER": 10000, "ON_ERROR": None},
-    # Not in SPEC §2's table: the largest encoded state/result/payload accepted (§9).
+    # Not in the settings table of docs/guide.md: the largest encoded state/result/payload accepted (docs/design.md#reliability-bars).
     "MAX_PAYLOAD_BYTES": 1_048_576,
     # OpenTelemetry spans and metrics (gen_durable/otel.py; needs the `otel` extra):
     # False, True, or {"TRACES": bool, "METRICS": bool}.

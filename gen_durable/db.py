@@ -67,7 +67,7 @@ def _text_element(v) -> str:
 def pg_array(values) -> str:
     """Render a batch column as a Postgres array literal ('{1,"a b",NULL}').
 
-    Hot-path batches travel as typed arrays through unnest (SPEC §0). psycopg dumps a
+    Hot-path batches travel as typed arrays through unnest (docs/design.md#model). psycopg dumps a
     Python list element by element in Python (~120 µs per 50-element array here);
     rendering the literal ourselves and letting the statement's cast (`::bigint[]`,
     `::text[]`…) parse it server-side costs a fraction of that, and a flush carries

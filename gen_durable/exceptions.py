@@ -1,4 +1,4 @@
-"""Exceptions raised by the public API (SPEC §1, §9)."""
+"""Exceptions raised by the public API (docs/guide.md, docs/design.md#reliability-bars)."""
 
 
 class GenDurableError(Exception):
@@ -6,7 +6,7 @@ class GenDurableError(Exception):
 
 
 class DuplicateInstance(GenDurableError):
-    """`insert` found its correlation key occupied (SPEC §4.1).
+    """`insert` found its correlation key occupied (docs/design.md#identity).
 
     Attributes: `correlation_key` (str).
     """
@@ -17,7 +17,7 @@ class DuplicateInstance(GenDurableError):
 
 
 class NoTarget(GenDurableError, LookupError):
-    """A signal or cancel addressed a missing or terminal instance (SPEC §4.4)."""
+    """A signal or cancel addressed a missing or terminal instance (docs/design.md#signals)."""
 
     def __init__(self, target):
         self.target = target
@@ -25,7 +25,7 @@ class NoTarget(GenDurableError, LookupError):
 
 
 class UnknownMachine(GenDurableError, LookupError):
-    """No machine is registered under that name and version (behaviours REG-01)."""
+    """No machine is registered under that name and version."""
 
     def __init__(self, name, version=None):
         self.name, self.version = name, version
@@ -45,7 +45,7 @@ class SerializationError(GenDurableError, TypeError):
 
 
 class InvalidOutcome(GenDurableError, TypeError):
-    """A step or `handle` returned something that is not an outcome (SPEC §1)."""
+    """A step or `handle` returned something that is not an outcome (docs/guide.md)."""
 
 
 class NotRetryable(GenDurableError):

@@ -1,4 +1,4 @@
-"""Machines, jobs and the step context (SPEC §1).
+"""Machines, jobs and the step context (docs/guide.md).
 
 A `Machine` subclass registers itself under a stable `name` (default
 "<module>.<QualName>") and `version`. Its steps are methods decorated with `@step`;
@@ -18,7 +18,7 @@ from . import registry
 from .exceptions import InvalidInput
 from .outcomes import MAX_DELAY, Cancel, Done, Error, Retry, Stop, describe, seconds
 
-MAX_BACKOFF = 300.0  # seconds: the default backoff's cap (SPEC §1 Jobs)
+MAX_BACKOFF = 300.0  # seconds: the default backoff's cap (docs/guide.md)
 
 
 def check_timeout(value, what):
@@ -70,7 +70,7 @@ class ChildRow(NamedTuple):
 
 @dataclass
 class Context:
-    """What a step is given: the row and its inputs as of the pick (SPEC §1).
+    """What a step is given: the row and its inputs as of the pick (docs/guide.md).
 
     attempt: 0-based; awaited: the signals this step was woken with (names it awaited);
     all: the whole inbox; children: every child row still in the table, by id.
@@ -94,7 +94,7 @@ class Context:
 
 
 class Machine:
-    """Base class of durable state machines. See the module docstring and SPEC §1."""
+    """Base class of durable state machines. See the module docstring and docs/guide.md."""
 
     abstract: ClassVar[bool] = True
     name: ClassVar[str] = ""
@@ -170,7 +170,7 @@ class Machine:
 
 
 class Job(Machine):
-    """A one-step machine: `perform(args, ctx)` returns a result (SPEC §1 Jobs).
+    """A one-step machine: `perform(args, ctx)` returns a result (docs/guide.md).
 
     Returning None or a value → done (value stored); raising or returning
     gd.Error(reason) → retried after `backoff(attempt)` seconds until `max_attempts`,
@@ -195,7 +195,7 @@ class Job(Machine):
             cls.timeout = check_timeout(cls.timeout, f"{cls.__qualname__}.timeout")
             extra = sorted(a for k in cls.__mro__ if k not in (Job, Machine, object)
                            for a, v in vars(k).items() if getattr(v, "_gd_step", False))
-            if extra:  # never both perform and steps (behaviours JOB-01): they would never run
+            if extra:  # never both perform and steps: they would never run
                 raise InvalidInput(f"Job {cls.__qualname__} defines perform and @gd.step methods {extra}; "
                                    "a Job has one step, perform — make it a Machine for several")
             n = len(inspect.signature(perform).parameters)

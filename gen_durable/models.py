@@ -1,4 +1,4 @@
-"""The four tables (SPEC §3), as Django models for the admin, factories and queries.
+"""The four tables (docs/design.md#schema), as Django models for the admin, factories and queries.
 
 The DDL itself lives in migrations/0001_initial.py as reversible RunSQL: the status
 enum, the stored generated columns (`correlation_guard`, `concurrency_name`), the

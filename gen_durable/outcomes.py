@@ -1,4 +1,4 @@
-"""What a step returns (SPEC §1 Outcomes).
+"""What a step returns (docs/design.md#outcomes).
 
 Each outcome is a frozen value; the executor validates it and turns it into a row of
 the group-commit flush (worker/flusher.py). `state=KEEP` (the default) carries the
@@ -133,11 +133,11 @@ def _names(names) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Next:
-    """Go to `step`; status runnable, attempt 0 (SPEC §1).
+    """Go to `step`; status runnable, attempt 0 (docs/guide.md).
 
-    rate_limit: None, "name" or (name, partition) for the next step (§4.7).
+    rate_limit: None, "name" or (name, partition) for the next step (docs/design.md#rate-limits).
     weight: tokens the next step takes, > 0.
-    concurrency_key: KEEP (default), None (release) or a new key (§4.6).
+    concurrency_key: KEEP (default), None (release) or a new key (docs/design.md#concurrency-keys).
     inline: None (the machine's `inline_execution`), True or False: run the next step
         at once in the same worker, after this transition commits (docs/guide.md).
     """
@@ -173,7 +173,7 @@ class Retry:
 
 @dataclass(frozen=True)
 class Await:
-    """Park until a signal named in `names` arrives, then run `next` (SPEC §4.4).
+    """Park until a signal named in `names` arrives, then run `next` (docs/design.md#signals).
 
     timeout: seconds > 0 or None; on expiry the step runs with ctx.awaited == [].
     """
@@ -196,7 +196,7 @@ class Await:
 
 @dataclass(frozen=True)
 class Spec:
-    """One instance to insert: `Spec(Machine, **insert_kwargs)` (SPEC §1 insert_all)."""
+    """One instance to insert: `Spec(Machine, **insert_kwargs)` (docs/guide.md)."""
 
     machine: Any
     kwargs: dict = field(default_factory=dict)
@@ -211,7 +211,7 @@ Child = Spec
 
 @dataclass(frozen=True)
 class ScheduleChildren:
-    """Insert `children` and park until every one is terminal, then run `next` (§4.5)."""
+    """Insert `children` and park until every one is terminal, then run `next` (docs/design.md#children)."""
 
     next: str
     children: Any = ()

@@ -1,4 +1,4 @@
-"""Machine registry: (name, version) → class (behaviours REG-01/02).
+"""Machine registry: (name, version) → class.
 
 Machines register themselves when their class is created. A row's `fsm` is resolved
 only against classes already imported — never by importing a module named in the

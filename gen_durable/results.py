@@ -1,4 +1,4 @@
-"""await_result and get: read an instance's outcome from a view (SPEC §1).
+"""await_result and get: read an instance's outcome from a view (docs/guide.md).
 
 Waiting is cheap in the waiting process: one `ResultWatcher` thread per process
 LISTENs on `gen_durable_result` (the flush notifies the ids that settled) and wakes
@@ -27,7 +27,7 @@ POLL_FLOOR = 0.25  # seconds between re-reads when no notification arrives
 
 @dataclass(frozen=True)
 class Snapshot:
-    """An instance row as a read-only value (SPEC §1 get)."""
+    """An instance row as a read-only value (docs/guide.md)."""
 
     id: int
     fsm: str

@@ -1,4 +1,4 @@
-"""Telemetry: attach handlers to engine events (SPEC §7).
+"""Telemetry: attach handlers to engine events (docs/design.md#telemetry).
 
     from gen_durable import telemetry
     telemetry.attach("step.", lambda event, measurements, metadata: ...)

@@ -1,9 +1,9 @@
-"""Helpers for testing user code against gen_durable (SPEC §1 Testing helpers).
+"""Helpers for testing user code against gen_durable (docs/guide.md).
 
 `drain()` runs everything runnable in the calling thread through the production pick,
 executor and flush code, so it works inside pytest-django's transactional tests (its
 statements join the test's transaction). It is not the engine: one step at a time,
-no reaper, no heartbeats (behaviours TST-06).
+no reaper, no heartbeats.
 """
 
 from __future__ import annotations

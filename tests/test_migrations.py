@@ -1,4 +1,4 @@
-"""The schema of SPEC §3, read back from the catalog, and the migrations' hygiene."""
+"""The schema of docs/design.md#schema, read back from the catalog, and the migrations' hygiene."""
 
 import pytest
 from django.core.management import call_command
@@ -31,7 +31,7 @@ def test_every_index_exists_with_its_exact_predicate():
     unique = {n for n, d in idx.items() if d.startswith("CREATE UNIQUE")}
     assert {"gen_durable_concurrency_active", "gen_durable_correlation", "gen_durable_signals_dedup",
             "gen_durable_buckets_kind_key_shard"} <= unique
-    # Lock-strength safety (behaviours MIG-06): no full unique index over a mutable
+    # Lock-strength safety: no full unique index over a mutable
     # column of gen_durable; the only full one is the primary key.
     full_unique = [n for n, d in idx.items() if d.startswith("CREATE UNIQUE") and " ON public.gen_durable " in d
                    and " WHERE " not in d]

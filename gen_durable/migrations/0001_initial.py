@@ -1,4 +1,4 @@
-"""Schema v1 of gen_durable (SPEC §3; seeds: database internals).
+"""Schema v1 of gen_durable (docs/design.md#schema).
 
 Frozen once shipped: changes go in new migrations. Everything is raw, reversible DDL
 because the enum, the stored generated columns, the partial indexes (each predicate
@@ -107,7 +107,7 @@ CREATE TABLE gen_durable_buckets (
     available   double precision NOT NULL,
     last_refill timestamptz,
     CONSTRAINT gen_durable_buckets_kind_key_shard UNIQUE (kind, key, shard),
-    -- Over-admission and double credit are uncommittable (seed internals).
+    -- Over-admission and double credit are uncommittable.
     CONSTRAINT gen_durable_buckets_available CHECK (available >= 0 AND available <= capacity)
 );
 """

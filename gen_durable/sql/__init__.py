@@ -1,8 +1,8 @@
 """Internal: the engine's SQL, one statement per file, loaded once at import.
 
 Each `.sql` file starts with a header (purpose, typed parameters, index used, guard,
-spec §). Texts are static — no SQL is built at run time — so psycopg's prepared
-statement cache plans each shape once per connection (SPEC §0).
+docs/design.md). Texts are static — no SQL is built at run time — so psycopg's prepared
+statement cache plans each shape once per connection (docs/design.md#model).
 """
 
 from pathlib import Path

@@ -1,5 +1,5 @@
 -- cancel: fail a live instance now, with a reason.
--- Spec: SPEC §1 cancel. Params: id bigint | NULL, key text | NULL, reason text.
+-- Contract: docs/guide.md. Params: id bigint | NULL, key text | NULL, reason text.
 -- A running step's late outcome is dropped by the flush guard (locked_by is cleared).
 -- Like any terminal outcome it clears the inbox and counts off a joining parent
 -- (waking it at zero, with a notification).

@@ -1,5 +1,5 @@
 -- expire_awaits: wake parked rows whose Await timeout passed (awaited == [] then).
--- Spec: SPEC §4.4 (resolution: the reaper interval); behaviours SIG-09, TST-03.
+-- Contract: docs/design.md#signals (resolution: the reaper interval).
 -- Params: force bool (testing.fire_timeouts: fire every armed deadline now), limit int.
 -- Index: gen_durable_await_deadline. Keeps awaits and attempt. Locks: id order, SKIP LOCKED.
 WITH due AS (

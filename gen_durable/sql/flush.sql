@@ -1,5 +1,5 @@
 -- flush: apply a batch of step outcomes in one guarded UPDATE (group commit).
--- Spec: SPEC §4.3, §4.4 (consume), §10.3; seeds: internals "Outcomes"; behaviours FL-03/04.
+-- Contract: docs/design.md#outcomes, docs/design.md#signals (consume), docs/design.md#decisions.
 -- Params (parallel arrays, one element per outcome, sorted by id):
 --   id bigint[], worker text[] (the claimant), kind text[] (next | inline | retry |
 --   await | schedule | done | stop), step text[] (NULL keeps), state text[] (JSON, NULL keeps),
@@ -87,7 +87,7 @@ WITH input AS MATERIALIZED (
     RETURNING s.id
 ), settled AS (
     -- One notification per flush names the rows that settled, for await_result
-    -- waiters in other processes (SPEC §1 await_result).
+    -- waiters in other processes (docs/guide.md).
     SELECT pg_notify('gen_durable_result', CASE WHEN length(ids) > 7900 THEN '*' ELSE ids END)
     FROM (SELECT string_agg(id::text, ',') AS ids FROM upd
           WHERE status IN ('done', 'failed', 'awaiting_signal', 'awaiting_children')) s

@@ -1,6 +1,6 @@
 -- gc_children: lock the children of a GC batch's parents (those outside the batch) and
 -- return the parents with a child someone else holds: they stay for a later sweep.
--- Spec: SPEC §4.10. Params: ids bigint[] (the parents of the batch, locked by gc_select.sql).
+-- Contract: docs/design.md#gc. Params: ids bigint[] (the parents of the batch, locked by gc_select.sql).
 -- Why: deleting a parent rewrites its children (parent_id ON DELETE SET NULL). Taken
 --   inside the DELETE, those row locks would wait on a child's flush or another GC pass
 --   while they wait on us — a deadlock. Taken first, in id order and SKIP LOCKED, they

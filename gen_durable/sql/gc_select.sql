@@ -1,6 +1,6 @@
 -- gc_select: lock and return ids of terminal rows past retention, at most `batch`, each
 -- with whether any row names it as parent.
--- Spec: SPEC §4.10; seeds: performance §4b; behaviours GC-01/02.
+-- Contract: docs/design.md#gc.
 -- Params: retention float8 (seconds), batch int.
 -- Index: gen_durable_gc (updated_at) WHERE status IN ('done', 'failed') — terminal rows
 --   are never updated again, so updated_at is the termination instant; the child probe

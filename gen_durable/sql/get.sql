@@ -1,5 +1,5 @@
 -- get: one instance by id or by live correlation key, as a snapshot.
--- Spec: SPEC §1 get / await_result. Params: id bigint | NULL, key text | NULL.
+-- Contract: docs/guide.md. Params: id bigint | NULL, key text | NULL.
 -- Index: primary key or gen_durable_correlation.
 SELECT id, fsm, fsm_version, step, status::text, state, result, last_error, attempt, queue,
        priority, correlation_key, awaits, parent_id, children_pending, eligible_at,

@@ -1,5 +1,5 @@
 -- heartbeat: extend the lease of every row this worker holds (running or buffered).
--- Spec: SPEC §4.9; behaviours LSE-01, LSE-07. Statements: 1 per queue per tick.
+-- Contract: docs/design.md#leases. Statements: 1 per queue per tick.
 -- Params: ids bigint[], worker text, ttl float8 (seconds).
 -- Guard: locked_by = worker AND status = 'executing'. Locks in id order, SKIP LOCKED:
 -- a row held by a flush or a wake is skipped this tick, never waited on.

@@ -1,5 +1,5 @@
 -- insert: one instance, deduplicated by its correlation key.
--- Spec: SPEC §1 insert, §4.1 identity, §4.11 wake-ups, §4.12 one clock.
+-- Contract: docs/guide.md, docs/design.md#identity, #wake-ups, #one-clock.
 -- Params: fsm text, fsm_version int, step text, state text (JSON), queue text,
 --   priority int (smallint range), at timestamptz | NULL (explicit instant),
 --   delay float8 (seconds from the database's now(), used when at is NULL),

@@ -1,6 +1,6 @@
 -- insert_all: a batch of instances in one statement (also the children of
 -- ScheduleChildren, inside the flush transaction).
--- Spec: SPEC §1 insert_all, §4.1 (ordered by key), §4.11; behaviours INS-10..12.
+-- Contract: docs/guide.md, docs/design.md#identity (ordered by key), docs/design.md#wake-ups.
 -- Params: parallel arrays of equal length, so the text is static and the parameter
 --   count is fixed for any batch size: fsm text[], fsm_version int[], step text[],
 --   state text[] (JSON), queue text[], priority int[], at timestamptz[], delay float8[],

@@ -1,5 +1,5 @@
 -- join_parents: count terminal children off their parents; wake a parent at zero.
--- Spec: SPEC §4.5; behaviours CHD-03 (aggregated: N siblings in one flush → one -N).
+-- Contract: docs/design.md#children.
 -- Params: parent_id bigint[], n int[] (terminal children per parent in this flush).
 -- Runs inside the flush transaction, after flush.sql, only for committed children.
 -- Locks: parents are locked in id order first so two flushes never cross.

@@ -1,5 +1,5 @@
 -- load_children: the children of a whole claimed batch, one statement per pick.
--- Spec: SPEC §4.2 (enrichment), §4.5; behaviours CHD-06.
+-- Contract: docs/design.md#pick (enrichment), docs/design.md#children.
 -- Params: ids bigint[] (the claimed rows). Index: gen_durable_parent.
 SELECT parent_id, id, fsm, status::text, state, result, last_error
 FROM gen_durable

@@ -1,5 +1,5 @@
 -- load_signals: the inboxes of a whole claimed batch, one statement per pick.
--- Spec: SPEC §4.2 (enrichment), §4.4; behaviours PICK-15.
+-- Contract: docs/design.md#pick (enrichment), docs/design.md#signals.
 -- Params: ids bigint[] (the claimed rows). Index: gen_durable_signals_target.
 SELECT target_id, id, name, payload, inserted_at
 FROM gen_durable_signals

@@ -1,5 +1,5 @@
 -- park_recheck: wake a just-parked row whose inbox already holds a match.
--- Spec: SPEC §4.4; seeds: internals "Signals" (the lost-wakeup fix); behaviours SIG-05/06.
+-- Contract: docs/design.md#signals (the lost-wakeup fix).
 -- Params: id bigint[] (rows flush.sql just parked), p_target bigint[], p_id bigint[]
 --   (the signals each step was handed: they do not count as new arrivals).
 -- Runs in the flush transaction right after the park, with a fresh snapshot: a signal

@@ -1,5 +1,5 @@
 -- pick: claim up to `limit` runnable rows of one queue and lease them to `worker`.
--- Spec: SPEC §4.2, §4.6 (K=1), §4.9; seeds: performance §2, internals "The pick".
+-- Contract: docs/design.md#pick, docs/design.md#concurrency-keys (K=1), docs/design.md#leases.
 -- Params: queue text, limit int, worker text, ttl float8 (lease seconds),
 --   gates text[] (configured gate names: their rows skip K=1 and get the provisional
 --   shard -1, "claimed, not yet admitted": the limiter stamps the real shard on admission).

@@ -2,7 +2,7 @@
 -- The worker died, was killed or stalled inside the step: last_error says so, and the
 -- attempt counts, so a step that kills its own process reaches its machine's max_attempts
 -- (the executor fails a row claimed at attempt >= max_attempts without running it).
--- Spec: SPEC §4.9, §10.6 (clear the shard too); behaviours LSE-03, LSE-07.
+-- Contract: docs/design.md#leases, docs/design.md#decisions (clear the shard too).
 -- Params: limit int (rows per statement; the reaper loops while a batch fills).
 -- Index: gen_durable_lease (lease_expires_at) WHERE status = 'executing' — cost tracks
 --   the expired set, not the table. Locks: id order, SKIP LOCKED (several reapers may

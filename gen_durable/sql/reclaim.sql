@@ -1,5 +1,5 @@
 -- reclaim: at start-up, hand back a dead predecessor's claims on this host and queue.
--- Spec: SPEC §4.9; behaviours LSE-05.
+-- Contract: docs/design.md#leases.
 -- Params: queue text, prefix text (worker-id prefix), margin float8 (seconds).
 --   Host-level prefix, margin LEASE_TTL - 2 x HEARTBEAT_INTERVAL: a live owner
 --   heartbeats, so its leases stay above the margin; only claims not renewed for two

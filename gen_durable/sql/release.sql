@@ -1,5 +1,5 @@
 -- release: hand claimed-but-unstarted rows back to runnable (shutdown, limiter denials).
--- Spec: SPEC §4.9, §5; behaviours LSE-06, PICK-12/14. No attempt bump.
+-- Contract: docs/design.md#leases, docs/design.md#worker. No attempt bump.
 -- Params: ids bigint[], worker text. Guard: locked_by = worker AND status = 'executing'.
 WITH owned AS (
     SELECT id,

@@ -1,5 +1,5 @@
 -- signal: deliver one signal — resolve the target, insert into its inbox, wake it.
--- Spec: SPEC §1 signal, §4.4; seeds: internals "Signals"; behaviours SIG-01..05.
+-- Contract: docs/guide.md, docs/design.md#signals.
 -- Params: id bigint | NULL, key text | NULL (a live correlation_guard), name text,
 --   payload text (JSON), dedup_key text | NULL.
 -- Index: primary key or gen_durable_correlation (target); the primary key of

@@ -1,5 +1,5 @@
 -- spawn_park: set each spawning parent's join counter to the children that landed.
--- Spec: SPEC §4.5; behaviours CHD-01, CHD-05 (no child landed → runnable at once).
+-- Contract: docs/design.md#children.
 -- Params: id bigint[] (parents flush.sql just parked in awaiting_children), n int[].
 -- Runs in the flush transaction after the children's insert_all.sql: the parent row
 -- has been locked by flush.sql since the start of the transaction, so the reaper

@@ -1,4 +1,4 @@
-"""Internal: claim, release, heartbeat and start-up reclaim of rows (SPEC §4.2, §4.9)."""
+"""Internal: claim, release, heartbeat and start-up reclaim of rows (docs/design.md#pick, docs/design.md#leases)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from ..machine import ChildRow, Signal
 
 logger = logging.getLogger("gen_durable.pick")
 
-CLAIM_ATTEMPTS = 3  # a K=1 arbiter race retries the claim (behaviours PICK-09)
+CLAIM_ATTEMPTS = 3  # a K=1 arbiter race retries the claim
 
 
 @dataclass
@@ -52,7 +52,7 @@ def pick(queue: str, limit: int, worker: str, ttl: float, *, gates=(), using=Non
     """Claim up to `limit` runnable rows of `queue` for `worker`, leased for `ttl` seconds.
 
     Statements: 1 when nothing is claimed, 3 otherwise (claim, inboxes, children) —
-    SPEC §4.2, §8. A unique violation on the K=1 arbiter (another process claimed the
+    docs/design.md#pick, docs/design.md#performance-contract. A unique violation on the K=1 arbiter (another process claimed the
     same key) aborts the claim; it is retried up to 3 times, each retry emitting
     `concurrency.contended`, and then gives up with an empty batch.
 

@@ -1,10 +1,10 @@
-"""Internal: run one claimed step and turn its outcome into a flush entry (SPEC §1, §4.3).
+"""Internal: run one claimed step and turn its outcome into a flush entry (docs/guide.md, docs/design.md#outcomes).
 
 The step runs outside any transaction. Resolution of the machine happens first; an
-unknown (name, version) fails the instance with a clear message (SPEC §9) and the
+unknown (name, version) fails the instance with a clear message (docs/design.md#reliability-bars) and the
 worker goes on. Everything after — decoding the state, the step, validating and
 encoding its outcome, expanding child specs — happens inside the guarded region, so a
-data error reaches `handle()` instead of crashing the worker (behaviours OUT-10).
+data error reaches `handle()` instead of crashing the worker.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Internal: group commit of step outcomes (SPEC §4.3, §10.3; behaviours §10).
+"""Internal: group commit of step outcomes (docs/design.md#outcomes, docs/design.md#decisions).
 
 `flush(entries)` applies a batch in ONE transaction with a bounded number of
 statements: flush.sql (every transition, consume and purge riders) and, only when the

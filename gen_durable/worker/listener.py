@@ -1,4 +1,4 @@
-"""Internal: LISTEN for wake-ups on the `gen_durable` channel (SPEC §4.11).
+"""Internal: LISTEN for wake-ups on the `gen_durable` channel (docs/design.md#wake-ups).
 
 A dedicated psycopg connection (autocommit) listens; each notification's payload is a
 queue name, handed to `on_wake(queue)`. With `on_timer`, it also listens on

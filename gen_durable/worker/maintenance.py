@@ -1,8 +1,8 @@
-"""Internal: reaper and GC sweeps (SPEC §4.9, §4.10; behaviours LSE-03, GC-01..04).
+"""Internal: reaper and GC sweeps (docs/design.md#leases, docs/design.md#gc).
 
 Each sweep is a function (used by tests and `Maintenance.run_once`). Several processes
 may run them at once: rows are taken in id order with SKIP LOCKED, and terminal rows
-are immutable, so no leader election is needed (behaviours GC-07).
+are immutable, so no leader election is needed.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def expire_awaits(using=None) -> list[int]:
 def gc(retention: float, batch: int, using=None, limiter=None) -> int:
     """Delete terminal rows older than `retention` seconds, `batch` ids per statement pair.
 
-    A full batch is followed at once by another (behaviours GC-03). A parent one of
+    A full batch is followed at once by another. A parent one of
     whose children is locked elsewhere at that moment is left for a later sweep.
     Returns rows deleted.
     """

@@ -1,14 +1,14 @@
-"""Internal: one scheduler per queue — feeder, step threads, back-off (SPEC §4.2, §5).
+"""Internal: one scheduler per queue — feeder, step threads, back-off (docs/design.md#pick, docs/design.md#worker).
 
 The feeder claims into an in-memory buffer (ceiling concurrency + PREFETCH);
 `concurrency` long-lived step threads take rows from it, run the step and hand the
 outcome to the flusher. A row stays "in flight" (held, heartbeated, counted against the
 ceiling) until the flush that commits its outcome settles it; the instance never moves
-on before that commit (SPEC §4.3), but the thread is free to run another instance's
+on before that commit (docs/design.md#outcomes), but the thread is free to run another instance's
 step meanwhile — no thread sleeps on a commit. Every settled flush wakes the feeder to
 refill, so throughput is not bounded by the poll interval. An empty poll on an idle queue
 doubles the wait up to MAX_POLL_INTERVAL; any work resets it. A NOTIFY for the queue
-wakes it when it has room (behaviours SCH-01/02, PK-04).
+wakes it when it has room.
 """
 
 from __future__ import annotations

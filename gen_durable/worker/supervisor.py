@@ -1,6 +1,6 @@
-"""Internal: host every role of one worker process (SPEC §5).
+"""Internal: host every role of one worker process (docs/design.md#worker).
 
-Connections (SPEC §4.13): each role has its own Django connection (Django keeps one
+Connections (docs/design.md#connections): each role has its own Django connection (Django keeps one
 per thread), so heartbeats and commits never wait behind step work:
     per process = Σ queue concurrency (sync step threads, started on demand, only if
                   their steps use the DB)
@@ -238,7 +238,7 @@ class Supervisor:
         self._stop.set()
 
     def stop(self):
-        for sched in self.schedulers.values():  # stop picking first (SPEC §5)
+        for sched in self.schedulers.values():  # stop picking first (docs/design.md#worker)
             sched._stop.set()
             sched._wake.set()
         for role in self._roles:

@@ -94,7 +94,7 @@ class BadReturn(gd.Machine):
 
 
 class BadResult(gd.Machine):
-    """Returns a result JSON cannot encode (behaviours OUT-10)."""
+    """Returns a result JSON cannot encode."""
 
     name = "tests.BadResult"
 

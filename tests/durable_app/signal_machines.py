@@ -1,4 +1,4 @@
-"""Machines of the signal, children and await_result tests (SPEC §4.4, §4.5).
+"""Machines of the signal, children and await_result tests (docs/design.md#signals, docs/design.md#children).
 
 Imported by tests/integration/test_{signals,children,await_result}.py and
 tests/races/test_signal_races.py (not auto-discovered: this is not a durable.py).
@@ -70,7 +70,7 @@ class Consumer(gd.Machine):
 
 
 class AwaitRetry(gd.Machine):
-    """Woken by "go", retries once, then finishes with the payload (OUT-03)."""
+    """Woken by "go", retries once, then finishes with the payload."""
 
     name = "tests.signals.AwaitRetry"
 
@@ -87,7 +87,7 @@ class AwaitRetry(gd.Machine):
 
 
 class Collector(gd.Machine):
-    """Accumulates a pack {a, b, c} across wakes; counts its wakes in the state (SIG-07)."""
+    """Accumulates a pack {a, b, c} across wakes; counts its wakes in the state."""
 
     name = "tests.signals.Collector"
     PACK = ["a", "b", "c"]
@@ -158,7 +158,7 @@ def _kids(ctx):
 
 
 class FanOut(gd.Machine):
-    """Spawns state['kids'] and joins once; reports what ctx.children showed (CHD-01/04)."""
+    """Spawns state['kids'] and joins once; reports what ctx.children showed."""
 
     name = "tests.children.FanOut"
 
@@ -180,7 +180,7 @@ class FanOut(gd.Machine):
 
 
 class AwaitThenSpawn(gd.Machine):
-    """Woken by "go", then fans out (for the stale ScheduleChildren test, OUT-13c)."""
+    """Woken by "go", then fans out (for the stale ScheduleChildren test)."""
 
     name = "tests.children.AwaitThenSpawn"
 
@@ -198,7 +198,7 @@ class AwaitThenSpawn(gd.Machine):
 
 
 class TwoRounds(gd.Machine):
-    """Fans out 2 kids, then 3 more; the second join sees all 5 (CHD-06)."""
+    """Fans out 2 kids, then 3 more; the second join sees all 5."""
 
     name = "tests.children.TwoRounds"
 
@@ -233,7 +233,7 @@ class Mid(gd.Machine):
 
 
 class Nested(gd.Machine):
-    """Two Mid children with 2 and 3 grandchildren (CHD-09: nesting is free)."""
+    """Two Mid children with 2 and 3 grandchildren."""
 
     name = "tests.children.Nested"
 

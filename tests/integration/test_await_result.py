@@ -1,4 +1,4 @@
-"""await_result and get (SPEC §1; behaviours AWR-01..07, SIG-12)."""
+"""await_result and get (docs/guide.md)."""
 
 import asyncio
 from concurrent.futures import ThreadPoolExecutor

@@ -1,4 +1,4 @@
-"""Bad input gets a specific error and loses nothing (SPEC §9): values Postgres cannot
+"""Bad input gets a specific error and loses nothing (docs/design.md#reliability-bars): values Postgres cannot
 store, exits raised by steps, and a poisoned outcome inside a group-commit batch."""
 
 import enum

@@ -1,5 +1,5 @@
 """Children: fan-out, the join barrier, failure visibility, dedup, nesting, GC and
-cancel (SPEC §1 ScheduleChildren/cancel, §4.5; behaviours CHD-01..09, OUT-06, OUT-13c, GC-02)."""
+cancel (docs/guide.md, docs/design.md#children)."""
 
 import threading
 from collections import Counter
@@ -79,7 +79,7 @@ def test_the_join_barrier_counts_each_terminal_child_once(queue_name):
     run_one(kids_q)  # one child done
     r = row(parent)
     assert (r.status, r.children_pending) == ("awaiting_children", 3)
-    # two siblings terminal in one flush: one aggregated decrement (CHD-03)
+    # two siblings terminal in one flush: one aggregated decrement
     entries = [execute(job) for job in pick(kids_q, 2, "w-pair", 30)]
     result = flusher.flush(entries)
     assert len(result.committed) == 2

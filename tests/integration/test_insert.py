@@ -1,4 +1,4 @@
-"""insert / insert_all against real Postgres (SPEC §1, §4.1; behaviours INS-*)."""
+"""insert / insert_all against real Postgres (docs/guide.md, docs/design.md#identity)."""
 
 import datetime as dt
 import uuid

@@ -1,4 +1,4 @@
-"""Jobs through gen_durable.testing.drain (SPEC §1 Jobs, §4.14; behaviours JOB-02..04)."""
+"""Jobs through gen_durable.testing.drain (docs/guide.md, docs/design.md#backoff)."""
 
 import pytest
 from django.db import connection

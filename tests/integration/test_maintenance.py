@@ -1,4 +1,4 @@
-"""Reaper and GC sweeps (SPEC §4.9, §4.10; behaviours LSE-03, LSE-07, GC-01..03, GC-07)."""
+"""Reaper and GC sweeps (docs/design.md#leases, docs/design.md#gc)."""
 
 import threading
 from contextlib import contextmanager

@@ -1,5 +1,4 @@
-"""Outcomes at the flush level and through the executor (SPEC §1 Outcomes, §4.3, §9;
-behaviours FL-03/04, OUT-02/03/05/08/10/13, SIG-08).
+"""Outcomes at the flush level and through the executor (docs/design.md#outcomes, docs/design.md#outcomes, docs/design.md#reliability-bars).
 
 Rows are claimed with the production pick for a named worker, outcomes are built with
 `executor.to_entry` (or `executor.execute`) and committed with `flusher.flush` — the
@@ -78,7 +77,7 @@ def test_stale_outcome_after_reap_commits_nothing_and_emits_outcome_stale(queue_
     result = flush([
         entry(gd.Next("second", state={"n": 1}), old[a.id], consumed=(keep.id,)),
         entry(gd.Done({"late": True}), old[b.id]),
-        entry(gd.Next("second"), live[fresh.id]),  # still commits (FL-04)
+        entry(gd.Next("second"), live[fresh.id]),  # still commits
     ])
     assert sorted(e.id for e in result.stale) == sorted([a.id, b.id])
     assert result.committed == {fresh.id: "runnable"}

@@ -1,4 +1,4 @@
-"""`manage.py rundurable` (SPEC §5): burst runs, argument validation, --processes."""
+"""`manage.py rundurable` (docs/design.md#worker): burst runs, argument validation, --processes."""
 
 import json
 import os

@@ -1,5 +1,5 @@
 """Signals: delivery, dedup, name matching, Await semantics, timeouts and the lost
-wake-up (SPEC §1 signal/Await, §4.4; behaviours SIG-01..12, OUT-03/04/05)."""
+wake-up (docs/guide.md, docs/design.md#signals)."""
 
 import threading
 
@@ -243,7 +243,7 @@ def test_a_terminal_outcome_clears_the_inbox(queue_name):
 @pytest.mark.django_db
 def test_a_signal_before_the_park_is_seen_by_the_recheck(queue_name):
     id_ = gd.insert(Recorder, queue=queue_name, state={"names": ["go"]})
-    gd.signal(id_, "go", {"early": True})  # stored for a runnable row, no flip (SIG-11)
+    gd.signal(id_, "go", {"early": True})  # stored for a runnable row, no flip
     assert row(id_).status == "runnable"
     tally = drain(queue_name)
     assert tally == {"steps": 2, "await": 1, "done": 1}
@@ -310,13 +310,13 @@ def test_an_await_park_flush_is_two_statements(transactional_db, queue_name):
     with CaptureQueriesContext(connection) as captured:
         result = flusher.flush([entry])
     assert result.committed == {id_: "awaiting_signal"}
-    # flush.sql + park_recheck.sql in one transaction (the documented exception, SPEC
-    # §4.4); Django logs the transaction's BEGIN and COMMIT too.
+    # flush.sql + park_recheck.sql in one transaction (the documented exception,
+    # docs/design.md#signals); Django logs the transaction's BEGIN and COMMIT too.
     heads = [q["sql"].splitlines()[0] for q in captured.captured_queries]
     assert heads == ["BEGIN", sql.FLUSH.splitlines()[0], sql.PARK_RECHECK.splitlines()[0], "COMMIT"]
 
 
-# --- the lost wake-up (SIG-05), deterministic with two sessions ----------------------
+# --- the lost wake-up, deterministic with two sessions ----------------------
 
 # A copy of signal.sql with the bug of the original issue #1: the flip condition in the
 # wake's WHERE instead of a CASE. Built from the real text so only the wake differs.
@@ -424,7 +424,7 @@ def test_a_signal_racing_a_terminal_outcome_raises_no_target_and_stores_nothing(
         transactional_db, queue_name, monkeypatch):
     """Session A commits a Done (row lock held, not yet committed) while session B
     signals: B must wait, see the terminal row and raise NoTarget — never leave an
-    orphan signal in a finished instance's inbox (SIG-02)."""
+    orphan signal in a finished instance's inbox."""
     id_ = park(Recorder, queue_name, state={"names": ["go"]})
     gd.signal(id_, "go", 1)
     [job] = pick(queue_name, 1, "worker-A", 30)

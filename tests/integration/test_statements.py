@@ -1,9 +1,9 @@
-"""Statement counts of the hot path (SPEC §8; behaviours PERF-01/02/05/06).
+"""Statement counts of the hot path (docs/design.md#performance-contract).
 
 Counted with `django_assert_num_queries` (every statement sent through Django's
 connection). The flush tests use committed rows (`transactional_db`) so its
 `transaction.atomic()` is a real transaction, which Django logs as BEGIN and COMMIT
-(the original counts them too: PERF-05 "BEGIN, one UPDATE, COMMIT"), instead of
+("BEGIN, one UPDATE, COMMIT"), instead of
 savepoints inside the test's transaction.
 """
 

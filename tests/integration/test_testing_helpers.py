@@ -1,5 +1,4 @@
-"""gen_durable.testing: drain, fire_timeouts and the assertions (SPEC §1 Testing
-helpers; behaviours TST-01/02/07)."""
+"""gen_durable.testing: drain, fire_timeouts and the assertions (docs/guide.md)."""
 
 import re
 

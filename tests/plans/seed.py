@@ -1,6 +1,6 @@
 """Seed a scale fixture with generate_series (shared by tests/plans and bench/plans).
 
-Shape (seed performance doc §8, scaled by `total`): 30 % runnable across 3 queues and
+Shape (docs/design.md#performance-contract, scaled by `total`): 30 % runnable across 3 queues and
 3 priorities, 0.5 % executing, the rest terminal (10 % of those children of terminal
 parents); about 5 % of the rows (live or failed) get an inbox signal.
 """

@@ -1,4 +1,4 @@
-"""Plan shapes of the hot statements at scale (SPEC §8; seeds: performance §2-§5).
+"""Plan shapes of the hot statements at scale (docs/design.md#performance-contract).
 
 A 100k-row fixture (30 % runnable, 0.5 % executing, the rest terminal) is enough for
 the planner to choose the plans it chooses at 1M rows; bench/ records EXPLAIN ANALYZE

@@ -1,4 +1,4 @@
-"""K=1 under concurrent claimers (SPEC §4.6, §9; behaviours PICK-08, PICK-09).
+"""K=1 under concurrent claimers (docs/design.md#concurrency-keys, docs/design.md#reliability-bars).
 
 The hammer runs the production pick from two OS processes × 8 threads on one queue of
 rows sharing a few concurrency keys; every claimer logs, while it holds a row, the
@@ -168,7 +168,7 @@ def other_session():
 
 
 def test_claim_losing_the_arbiter_race_retries_and_emits_contended(committed, queue_name, events):
-    """Deterministic PICK-09: another session has flipped row a of key k to executing but
+    """Deterministic arbiter race: another session has flipped row a of key k to executing but
     not committed, so the pick's probe cannot see it and it claims b; its index entry
     waits on a's, and fails once a commits. The retried pick sees a and takes nothing."""
     a = InstanceFactory(queue=queue_name, concurrency_key="race", priority=0)

@@ -1,5 +1,5 @@
 """Faults: kill -9, SIGTERM, start-up reclaim, dropped connections, long steps
-(SPEC §4.9, §5, §9; behaviours OUT-01/12, LSE-01/05/06).
+(docs/design.md#leases, docs/design.md#worker, docs/design.md#reliability-bars).
 
 Workers run either as a `rundurable` child process (tests/manage.py, pointed at the
 test database) or in-process through the `engine` fixture. The `Recorder` machine
@@ -171,7 +171,7 @@ def test_start_up_reclaims_a_dead_predecessors_decayed_claims_only(committed, en
     live = InstanceFactory(fsm="tests.Plain", queue=queue_name, status="executing", locked_by=prefix + "live-1")
     # margin = LEASE_TTL - 2 × HEARTBEAT = 2 s. The dead claim's lease is below it but not
     # yet expired, so only the start-up reclaim (not the reaper) can free it this early.
-    with connection.cursor() as cur:  # the database's clock (§4.12)
+    with connection.cursor() as cur:  # the database's clock (docs/design.md#one-clock)
         cur.execute("UPDATE gen_durable SET lease_expires_at = now() + interval '1.5 seconds' WHERE id = %s",
                     [dead.id])
         cur.execute("UPDATE gen_durable SET lease_expires_at = now() + interval '60 seconds' WHERE id = %s",

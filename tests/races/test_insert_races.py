@@ -1,4 +1,4 @@
-"""Insert races on committed rows (SPEC §4.1; behaviours INS-04, INS-12).
+"""Insert races on committed rows (docs/design.md#identity).
 
 Each thread uses its own Django connection (connections are per thread) and closes it
 when done. Threads open their connection and transaction first, then meet at a

@@ -1,4 +1,4 @@
-"""Hammer: a signal racing the park is never lost (SPEC §4.4; behaviours SIG-05).
+"""Hammer: a signal racing the park is never lost (docs/design.md#signals).
 
 Thousands of rounds of one race: an instance is claimed, runs a step returning
 `Await("go")`, and its flush parks it and rechecks the inbox — while its "go" is being

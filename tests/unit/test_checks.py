@@ -1,4 +1,4 @@
-"""System checks for settings.GEN_DURABLE (SPEC §2; STYLE "Settings and checks").
+"""System checks for settings.GEN_DURABLE (docs/design.md#settings).
 
 Each check runs under `override_settings(GEN_DURABLE=...)` and is compared with its
 exact list of messages, as Django's own check tests do. No database is touched: the
@@ -83,7 +83,7 @@ def test_each_unknown_key_gets_its_own_error_in_sorted_order():
 @override_settings(GEN_DURABLE=[("QUEUES", {"default": 1})])
 def test_gen_durable_that_is_not_a_dict_is_an_error():
     assert checks.check_unknown_keys() == [
-        E(1, "GEN_DURABLE must be a dict.", "See SPEC §2 for the keys."),
+        E(1, "GEN_DURABLE must be a dict.", "See docs/design.md#settings for the keys."),
     ]
 
 
@@ -118,7 +118,7 @@ def test_no_queues_is_a_valid_web_only_node():
 
 def seconds_error(key, value):
     return E(3, f"GEN_DURABLE['{key}'] must be a number of seconds > 0, got {value!r}.",
-             "Durations are seconds (SPEC §2).")
+             "Durations are seconds (docs/design.md#settings).")
 
 
 @pytest.mark.parametrize("overrides, expected", [
@@ -129,8 +129,8 @@ def seconds_error(key, value):
     ({"MAX_POLL_INTERVAL": True}, [seconds_error("MAX_POLL_INTERVAL", True)]),
     ({"DRAIN_TIMEOUT": -0.5}, [E(3, "GEN_DURABLE['DRAIN_TIMEOUT'] must be seconds >= 0, got -0.5.",
                                   "Seconds in-flight steps get on shutdown.")]),
-    ({"PREFETCH": -1}, [E(3, "GEN_DURABLE['PREFETCH'] must be an int >= 0.", "Feeder knob (SPEC §2).")]),
-    ({"MIN_DEMAND": 0}, [E(3, "GEN_DURABLE['MIN_DEMAND'] must be an int >= 1.", "Feeder knob (SPEC §2).")]),
+    ({"PREFETCH": -1}, [E(3, "GEN_DURABLE['PREFETCH'] must be an int >= 0.", "Feeder knob (docs/design.md#settings).")]),
+    ({"MIN_DEMAND": 0}, [E(3, "GEN_DURABLE['MIN_DEMAND'] must be an int >= 1.", "Feeder knob (docs/design.md#settings).")]),
     ({"MAX_PAYLOAD_BYTES": 0}, [E(3, "GEN_DURABLE['MAX_PAYLOAD_BYTES'] must be a positive int.",
                                   "Bytes of encoded JSON.")]),
     ({"POLL_INTERVAL": 6, "MAX_POLL_INTERVAL": 5}, [
@@ -181,7 +181,7 @@ def test_heartbeat_warning_waits_until_the_values_are_valid():
         E(4, "GEN_DURABLE['GC'] has an unknown key 'RETENTON'.", "Did you mean 'RETENTION'?"),
         E(4, "GEN_DURABLE['GC'] has an unknown key 'XYZZY'.", "Keys: INTERVAL, RETENTION, BATCH.")]),
     ({"FLUSH": False}, [
-        E(4, "GEN_DURABLE['FLUSH'] cannot be False.", "Every outcome goes through the flush (SPEC §10.3).")]),
+        E(4, "GEN_DURABLE['FLUSH'] cannot be False.", "Every outcome goes through the flush (docs/design.md#decisions).")]),
     ({"REAPER": True}, [
         E(4, "GEN_DURABLE['REAPER'] must be a dict or False, got True.", "Keys: INTERVAL.")]),
     ({"GC": 60}, [
@@ -233,7 +233,7 @@ def test_notify_is_postgres_or_none(notify, expected):
 
 def limiter_shape_error(value):
     return E(6, f"GEN_DURABLE['LIMITER'] must be 'postgres' or {{'BACKEND': 'redis', 'URL': ...}}, got {value!r}.",
-             "See SPEC §2.")
+             "See docs/design.md#settings.")
 
 
 @pytest.mark.parametrize("limiter, expected", [
@@ -320,7 +320,7 @@ def test_postgis_counts_as_postgres():
 
 
 W002_HINT = ('Set OPTIONS={"server_side_binding": True, "prepare_threshold": 1} so each hot statement '
-             "is planned once per connection (SPEC §0); keep them off behind PgBouncer in transaction mode.")
+             "is planned once per connection (docs/design.md#model); keep them off behind PgBouncer in transaction mode.")
 
 
 @ignore_databases_warning

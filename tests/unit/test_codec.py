@@ -1,4 +1,4 @@
-"""JSON encoding of states and typed State round-trips (SPEC §1 state; behaviours OUT-15, INS-13).
+"""JSON encoding of states and typed State round-trips (docs/guide.md).
 
 A typed State goes the way a row does: `codec.encode_state` → text bound to the
 `jsonb` column → `json.loads` (what psycopg hands back) → `codec.load_typed`.
@@ -120,7 +120,7 @@ def test_missing_keys_take_defaults_and_unknown_keys_are_ignored():
 
 
 def test_legacy_row_whose_jsonb_is_a_json_string_loads():
-    # Behaviours INS-13: old writers double-encoded, so the jsonb holds a string.
+    # old writers double-encoded, so the jsonb holds a string.
     original = full_state()
     legacy = json.loads(json.dumps(codec.encode_state(original)))
     assert isinstance(legacy, str)

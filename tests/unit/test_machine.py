@@ -1,4 +1,4 @@
-"""Machines, jobs, the registry and backoff (SPEC §1, §4.14; behaviours REG-01/02, JOB-01..04).
+"""Machines, jobs, the registry and backoff (docs/guide.md, docs/design.md#backoff).
 
 Every class defined here registers itself in the process-wide registry, so each test
 uses names of its own ("tests.unit.<something>").
@@ -229,7 +229,7 @@ def test_job_without_perform_is_invalid():
 
 
 def test_job_with_perform_and_steps_is_invalid():
-    # Behaviours JOB-01: never both. The steps of a Job would silently never run.
+    # never both. The steps of a Job would silently never run.
     with pytest.raises(gd.InvalidInput, match=r"perform and @gd.step methods \['start'\]"):
         class Both(gd.Job):
             def perform(self, args):
@@ -330,7 +330,7 @@ def test_job_max_attempts_must_be_a_positive_int(max_attempts):
         type("BadAttempts", (gd.Job,), {"max_attempts": max_attempts, "perform": lambda self, args: None})
 
 
-# --- backoff and jitter (SPEC §1 Jobs, §4.14; JOB-04) ------------------------------
+# --- backoff and jitter (docs/guide.md, docs/design.md#backoff) ------------------------------
 
 @pytest.mark.parametrize("attempt, seconds", [
     (0, 1), (1, 2), (2, 4), (3, 8), (8, 256), (9, 300), (20, 300), (2000, 300), (10**12, 300),
@@ -372,7 +372,7 @@ def test_jitter_clamps_negative_and_absurd_delays():
     assert jittered(1e300) <= 10 * 365 * 86400.0
 
 
-# --- autodiscovery (SPEC §1: durable.py modules of installed apps) -----------------
+# --- autodiscovery (durable.py modules of installed apps; docs/guide.md) -----------------
 
 def test_durable_modules_of_installed_apps_are_autodiscovered():
     # In a fresh interpreter nothing but django.setup() runs, so the machines can only

@@ -1,7 +1,7 @@
-"""Outcome values: validation and normalisation (SPEC §1 Outcomes; behaviours OUT-07).
+"""Outcome values: validation and normalisation (docs/design.md#outcomes).
 
-OUT-07 adapted to SPEC names: `Await(names, next=, timeout=)` takes seconds (int,
-float or timedelta) > 0; `Done(result)` takes any JSON value (SPEC §1), so the
+The outcome values as the guide names them: `Await(names, next=, timeout=)` takes seconds (int,
+float or timedelta) > 0; `Done(result)` takes any JSON value (docs/guide.md), so the
 original's "non-dict result is invalid" does not apply.
 """
 

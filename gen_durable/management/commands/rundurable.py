@@ -1,4 +1,4 @@
-"""`manage.py rundurable`: run gen_durable workers (SPEC §5)."""
+"""`manage.py rundurable`: run gen_durable workers (docs/design.md#worker)."""
 
 from __future__ import annotations
 
