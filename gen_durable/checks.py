@@ -343,7 +343,12 @@ def check_limits(app_configs=None, **kwargs):
             errors.append(Error(f"GEN_DURABLE['CONCURRENCY_LIMITS'][{name!r}] needs 'limit', a positive int.",
                                 hint='For example {"limit": 5}.', id=ID + "E007"))
             continue
-        errors += _limit_extras("CONCURRENCY_LIMITS", name, cfg, ("limit", "shards", "retry"))
+        errors += _limit_extras("CONCURRENCY_LIMITS", name, cfg, ("limit", "shards", "retry", "per"))
+        if "per" in cfg and cfg["per"] not in ("name", "key"):
+            errors.append(Error(f"GEN_DURABLE['CONCURRENCY_LIMITS'][{name!r}]['per'] must be 'name' or 'key', "
+                                f"not {cfg['per']!r}.",
+                                hint="'name' (default): every key of the name shares `limit` slots; "
+                                     "'key': each key has `limit` slots of its own.", id=ID + "E007"))
         if "retry" in cfg and not _num(cfg["retry"], positive=True):
             errors.append(Error(f"GEN_DURABLE['CONCURRENCY_LIMITS'][{name!r}]['retry'] must be seconds > 0.",
                                 hint="How soon a row denied by a full gate is offered again, per `limit` rows "

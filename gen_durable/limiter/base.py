@@ -36,7 +36,7 @@ class Entry:
     """One row offered for admission, with its resolved limits."""
 
     job: object
-    gate_key: str | None
+    gate_key: str | None   # the gate counter (the gate's name, or the row's key when per="key")
     gate: Gate | None
     rate_key: str | None
     rate: RateLimit | None
@@ -117,7 +117,7 @@ class Limiter:
             if gate is None and rate is None:
                 result.admitted[job.id] = held.get(job.id)
                 continue
-            entries.append(Entry(job, job.concurrency_key if gate else None, gate,
+            entries.append(Entry(job, gate.bucket(job.concurrency_key) if gate else None, gate,
                                  job.rate_limit if rate else None, rate, float(job.weight)))
         if not entries:
             return result

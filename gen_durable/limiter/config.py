@@ -34,14 +34,27 @@ class RateLimit:
         return self.rate / self.shards
 
 
+GATE_SCOPES = ("name", "key")
+
+
 @dataclass(frozen=True)
 class Gate:
-    """A concurrency gate: at most `limit` rows of one key execute at once."""
+    """A concurrency gate: at most `limit` rows execute at once per counter.
+
+    per="name" (the default): one counter for the name — every key `name` or
+    `name:<anything>` shares the `limit` slots. per="key": a counter per key — `name:a`
+    and `name:b` each get `limit` slots (a per-tenant cap, say).
+    """
 
     name: str
     limit: int
     shards: int
     retry: float
+    per: str = "name"
+
+    def bucket(self, key: str) -> str:
+        """The counter a row of concurrency key `key` draws its slot from."""
+        return self.name if self.per == "name" else key
 
     def shard_capacity(self, shard: int) -> int:
         """Slots of `shard`: the limit split as evenly as possible (the first shards take the remainder)."""
@@ -59,12 +72,24 @@ class Limits:
         return None if key is None else self.rates.get(name_of(key))
 
     def gate_for(self, key: str | None) -> Gate | None:
+        """The Gate of a row's `concurrency_key` (or of a counter's key), or None."""
         return None if key is None else self.gates.get(name_of(key))
+
+    def gate_bucket(self, key: str | None) -> str | None:
+        """The gate counter a row of concurrency key `key` holds its slot in (None: no gate).
+
+        A key whose gate is no longer configured keeps its own counter, so a slot taken
+        before a configuration change is still given back somewhere the reconciler heals.
+        """
+        if key is None:
+            return None
+        gate = self.gate_for(key)
+        return key if gate is None else gate.bucket(key)
 
     def describe(self) -> str:
         parts = [f"rate {r.name}: {r.rate:g}/s burst {r.burst:g}" + (f" shards {r.shards}" if r.shards > 1 else "")
                  for r in self.rates.values()]
-        parts += [f"gate {g.name}: limit {g.limit}" + (f" shards {g.shards}" if g.shards > 1 else "")
+        parts += [f"gate {g.name}: limit {g.limit} per {g.per}" + (f" shards {g.shards}" if g.shards > 1 else "")
                   for g in self.gates.values()]
         return "; ".join(parts) or "none"
 
@@ -91,8 +116,11 @@ def parse(rate_limits: dict, concurrency_limits: dict) -> Limits:
             where = f"GEN_DURABLE['CONCURRENCY_LIMITS'][{name!r}]"
             limit = int(cfg["limit"])
             shards = max(1, min(int(cfg.get("shards", 1)), limit))
+            per = cfg.get("per", "name")
+            if per not in GATE_SCOPES:
+                raise ValueError(f"'per' must be one of {GATE_SCOPES}, not {per!r}")
             gates[name] = Gate(name=name, limit=limit, shards=shards,
-                               retry=float(cfg.get("retry", DEFAULT_GATE_RETRY)))
+                               retry=float(cfg.get("retry", DEFAULT_GATE_RETRY)), per=per)
     except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError) as exc:
         raise ImproperlyConfigured(f"{where} is malformed ({type(exc).__name__}: {exc}); "
                                    "run `manage.py check` for details") from exc

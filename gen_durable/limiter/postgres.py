@@ -19,6 +19,7 @@ from django.db import IntegrityError, transaction
 from .. import db, sql, telemetry
 from ..conf import database_alias
 from .base import EPSILON, Decision, Limiter
+from .config import name_of
 
 logger = logging.getLogger("gen_durable.limiter")
 
@@ -145,7 +146,9 @@ class PostgresLimiter(Limiter):
 
     # --- slots ---------------------------------------------------------------------
     def slot_for(self, id_, key, shard):
-        return (key, shard) if key is not None and shard is not None and shard >= 0 else None
+        if key is None or shard is None or shard < 0:
+            return None
+        return (self.limits.gate_bucket(key), shard)
 
     def credit(self, slots) -> None:
         """Give slots back: one statement. Call it inside the transaction that ends the rows' steps."""
@@ -172,9 +175,10 @@ class PostgresLimiter(Limiter):
         with transaction.atomic(using=database_alias(self.using)):
             locked = db.fetchall(sql.RECONCILE_LOCK, None, self.using)
             if locked:
-                keys = sorted({r[1] for r in locked})
-                running = {(k, s): n for k, s, n in
-                           db.fetchall(sql.RECONCILE_COUNT, {"keys": db.pg_array(keys)}, self.using)}
+                names = sorted({name_of(r[1]) for r in locked})
+                running = Counter()
+                for k, s, n in db.fetchall(sql.RECONCILE_COUNT, {"names": db.pg_array(names)}, self.using):
+                    running[(limits.gate_bucket(k), s)] += n
                 ids, caps, avails, drop = [], [], [], []
                 for id_, key, shard, capacity, available in locked:
                     gate = limits.gate_for(key)

@@ -2,7 +2,8 @@
 
 Admission of a batch is one round-trip: a server-side Lua script decides and debits
 atomically, with the Redis server's clock. Keys (all under PREFIX):
-  <prefix>conc:<key>  a sorted set per gate key: member = row id, score = lease expiry
+  <prefix>conc:<key>  a sorted set per gate counter (the gate's name, or the row's key
+                      when the gate is per="key"): member = row id, score = lease expiry
                       (ms). Admission first drops expired members, so the slots of a
                       dead worker free themselves after one lease; the heartbeat renews
                       the scores of the slots a worker holds (`renew`), and credit removes
@@ -143,7 +144,7 @@ class RedisLimiter(Limiter):
         return Decision(admitted=admitted, tokens_left=tokens)
 
     def slot_for(self, id_, key, shard):
-        return (key, id_) if key is not None and shard is not None else None
+        return (self.limits.gate_bucket(key), id_) if key is not None and shard is not None else None
 
     def credit(self, slots) -> None:
         """Remove the slots' members: one round-trip (a pipeline) for any number."""

@@ -59,13 +59,31 @@ def test_a_gate_of_limit_2_runs_two_at_once_not_one(configure, queue_name):
     assert len(pick(limiter, queue_name)) == 2
 
 
-def test_gate_keys_are_independent_and_unconfigured_keys_stay_k1(configure, queue_name):
-    limiter = configure(gates={"api": {"limit": 1}})
+def test_a_gate_counts_every_key_of_its_name_together(configure, queue_name):
+    """`pdf:a`, `pdf:b` and `pdf` share the name's slots (the default, per="name")."""
+    limiter = configure(gates={"pdf": {"limit": 3}})
+    for key in ("pdf:a", "pdf:b", "pdf"):
+        insert(queue_name, 2, concurrency_key=key)
+    first = pick(limiter, queue_name)
+    assert len(first) == 3
+    assert {j.slot[0] for j in first} == {"pdf"}  # one counter for the name
+    collapse(queue_name)
+    assert pick(limiter, queue_name) == []  # the name is full, whatever the key
+    finish(limiter, first[:2])
+    collapse(queue_name)
+    assert len(pick(limiter, queue_name)) == 2
+    if configure.backend == "postgres":
+        assert [(k, a) for k, _, _, a in buckets()] == [("pdf", 0.0)]
+
+
+def test_a_per_key_gate_gives_each_key_its_own_slots_and_unconfigured_keys_stay_k1(configure, queue_name):
+    limiter = configure(gates={"api": {"limit": 1, "per": "key"}})
     insert(queue_name, 2, concurrency_key="api:a")
     insert(queue_name, 2, concurrency_key="api:b")
     insert(queue_name, 2, concurrency_key="other:1")
-    keys = sorted(j.concurrency_key for j in pick(limiter, queue_name))
-    assert keys == ["api:a", "api:b", "other:1"]
+    got = pick(limiter, queue_name)
+    assert sorted(j.concurrency_key for j in got) == ["api:a", "api:b", "other:1"]
+    assert sorted(j.slot[0] for j in got if j.slot is not None) == ["api:a", "api:b"]
 
 
 def test_every_outcome_credits_the_slot(configure, queue_name):
@@ -147,7 +165,7 @@ def test_gate_and_rate_compose_and_debit_only_the_admitted(configure, queue_name
     insert(queue_name, 3, concurrency_key="gate:x", rate_limit="api", weight=2)
     assert len(pick(limiter, queue_name)) == 1
     if configure.backend == "postgres":
-        assert buckets("conc") == [("gate:x", 0, 5.0, 4.0)]
+        assert buckets("conc") == [("gate", 0, 5.0, 4.0)]
         assert buckets("rate") == [("api", 0, 3.0, 1.0)]
     else:
         collapse(queue_name)

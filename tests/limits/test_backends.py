@@ -85,9 +85,24 @@ def test_reconcile_drops_idle_full_gate_shards(pg, queue_name):
     insert(queue_name, 1, concurrency_key="api:doc-1")
     jobs = pick(limiter, queue_name)
     finish(limiter, jobs)
-    assert buckets() == [("api:doc-1", 0, 2.0, 2.0)]
+    assert buckets() == [("api", 0, 2.0, 2.0)]  # the name's counter (per="name")
     assert limiter.reconcile()["gates"] == 1
     assert buckets() == []
+
+
+@pytest.mark.parametrize("per, healed", [
+    ("name", [("api", 0, 3.0, 1.0)]),                                       # api:a and api:b together
+    ("key", [("api:a", 0, 3.0, 2.0), ("api:b", 0, 3.0, 2.0)]),              # each key its own
+])
+def test_reconcile_counts_the_rows_of_each_counter(pg, queue_name, per, healed):
+    limiter = pg(gates={"api": {"limit": 3, "per": per}})
+    insert(queue_name, 1, concurrency_key="api:a")
+    insert(queue_name, 1, concurrency_key="api:b")
+    assert len(pick(limiter, queue_name)) == 2
+    with connection.cursor() as cur:
+        cur.execute("UPDATE gen_durable_buckets SET available = 0 WHERE kind = 'conc'")  # leaked slots
+    assert limiter.reconcile()["gates"] == len(healed)
+    assert buckets() == healed
 
 
 def test_rate_bucket_sweep(pg, committed, queue_name):

@@ -95,8 +95,10 @@ def done_count(ids):
 
 def test_two_processes_never_run_more_than_the_gate(side_table, limiter_settings, queue_name):
     tag = queue_name
-    ids = gd.insert_all([gd.Spec(Gated, queue=queue_name, concurrency_key="pdf",
-                                 state={"track": tag, "sleep": 0.05}) for _ in range(60)])
+    # Keys of one name: `pdf` and `pdf:<tenant>` all count against the name's 3 slots.
+    keys = ["pdf", "pdf:a", "pdf:b", "pdf:c"]
+    ids = gd.insert_all([gd.Spec(Gated, queue=queue_name, concurrency_key=keys[i % 4],
+                                 state={"track": tag, "sleep": 0.05}) for i in range(60)])
     sampler = Sampler(tag)
     sampler.start()
     procs = start_workers(queue_name, limiter_settings)
@@ -107,14 +109,14 @@ def test_two_processes_never_run_more_than_the_gate(side_table, limiter_settings
         stop_workers(procs)
         sampler.join(10)
     assert sampler.samples > 50
-    assert sampler.peak == 3  # never more than the limit — and the gate is not K=1
+    assert sampler.peak == 3  # never more than the limit over all the name's keys — and not K=1
 
 
 def test_after_kill_9_the_counters_come_back_within_a_lease_and_a_gc_interval(
         side_table, limiter_settings, backend, queue_name):
     tag = queue_name
-    ids = gd.insert_all([gd.Spec(Gated, queue=queue_name, concurrency_key="pdf",
-                                 state={"track": tag, "sleep": 0.4}) for _ in range(15)])
+    ids = gd.insert_all([gd.Spec(Gated, queue=queue_name, concurrency_key=f"pdf:{i % 3}",
+                                 state={"track": tag, "sleep": 0.4}) for i in range(15)])
     procs = start_workers(queue_name, limiter_settings)
     sampler = Sampler(tag)
     try:

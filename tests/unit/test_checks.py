@@ -411,13 +411,15 @@ def test_zero_flush_delay_is_accepted():
 def test_limit_entries_reject_unknown_keys_and_bad_shards_or_burst():
     with override_settings(GEN_DURABLE={
         "RATE_LIMITS": {"api": {"allowed": 10, "period": 1, "brust": 5, "burst": -1}},
-        "CONCURRENCY_LIMITS": {"pool": {"limit": 2, "shards": 0}},
+        "CONCURRENCY_LIMITS": {"pool": {"limit": 2, "shards": 0}, "pdf": {"limit": 2, "per": "tenant"},
+                               "erp": {"limit": 1, "per": "key"}},
     }):
         msgs = [e.msg for e in checks.check_limits()]
     assert msgs == [
         "GEN_DURABLE['RATE_LIMITS']['api'] has an unknown key 'brust'.",
         "GEN_DURABLE['RATE_LIMITS']['api']['burst'] must be a number >= 0.",
         "GEN_DURABLE['CONCURRENCY_LIMITS']['pool']['shards'] must be a positive int.",
+        "GEN_DURABLE['CONCURRENCY_LIMITS']['pdf']['per'] must be 'name' or 'key', not 'tenant'.",
     ]
 
 
