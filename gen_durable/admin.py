@@ -20,7 +20,7 @@ import json
 
 from django import forms
 from django.contrib import admin, messages
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import ImproperlyConfigured, PermissionDenied
 from django.core.serializers.json import DjangoJSONEncoder
 from django.http import HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -32,6 +32,7 @@ from . import calls, overview, registry
 from .admin_paging import EstimatedCountPaginator
 from .conf import database_alias
 from .exceptions import DuplicateInstance, GenDurableError, NoTarget, NotRetryable
+from .limiter.config import get_limits
 from .models import Bucket, BucketConfig, Instance, QueueOverview, Signal
 from .statuses import Status
 
@@ -45,6 +46,17 @@ def _pretty(value):
         return "—"
     return format_html("<pre class=\"gd-json\">{}</pre>",
                        json.dumps(value, indent=2, sort_keys=True, cls=DjangoJSONEncoder, ensure_ascii=False))
+
+
+def _limits(key):
+    """The configured limits to explain `key` with; None for no key, or while the limits
+    are malformed (check E007 says why)."""
+    if key is None:
+        return None
+    try:
+        return get_limits()
+    except ImproperlyConfigured:
+        return None
 
 
 def _exact_id(term: str):
@@ -147,7 +159,7 @@ class InstanceAdmin(admin.ModelAdmin):
                                           "attempt_log_pretty")}),
         ("Lease", {"fields": ("locked_by", "lease_expires_at")}),
         ("Waiting", {"fields": ("awaits", "await_deadline", "parent_link", "children_pending")}),
-        ("Limits", {"fields": ("concurrency_key", "concurrency_shard", "rate_limit", "weight")}),
+        ("Limits", {"fields": ("concurrency_key_info", "concurrency_shard", "rate_limit_info", "weight")}),
         ("Inbox", {"fields": ("inbox",)}),
         ("Children", {"fields": ("children_list",)}),
     )
@@ -220,6 +232,34 @@ class InstanceAdmin(admin.ModelAdmin):
     @admin.display(description="last error")
     def last_error_pretty(self, obj):
         return format_html("<pre class=\"gd-json\">{}</pre>", obj.last_error) if obj.last_error else "—"
+
+    @admin.display(description="concurrency key")
+    def concurrency_key_info(self, obj):
+        """The key and what governs it here: a configured gate, or K=1."""
+        limits = _limits(obj.concurrency_key)
+        if limits is None:
+            return obj.concurrency_key or "—"
+        gate = limits.gate_for(obj.concurrency_key)
+        if gate is None:
+            return format_html("{} <span class=\"gd-note\">(at most one executing per key)</span>",
+                               obj.concurrency_key)
+        scope = f"“{gate.name}”" if gate.per == "name" else "this key"
+        return format_html("{} <span class=\"gd-note\">(gate {}: at most {} executing for {})</span>",
+                           obj.concurrency_key, gate.name, gate.limit, scope)
+
+    @admin.display(description="rate limit")
+    def rate_limit_info(self, obj):
+        """The rate key; a name RATE_LIMITS does not configure is flagged (the row stalls)."""
+        limits = _limits(obj.rate_limit)
+        if limits is None:
+            return obj.rate_limit or "—"
+        rate = limits.rate_for(obj.rate_limit)
+        if rate is None:
+            return format_html(
+                "{} <strong class=\"gd-warning\">not configured in GEN_DURABLE['RATE_LIMITS']: this row is "
+                "never admitted (re-offered every minute) until it is</strong>", obj.rate_limit)
+        return format_html("{} <span class=\"gd-note\">({} per second, burst {})</span>",
+                           obj.rate_limit, f"{rate.rate:g}", f"{rate.burst:g}")
 
     @admin.display(description="parent")
     def parent_link(self, obj):

@@ -44,6 +44,18 @@ def check_unknown_keys(app_configs=None, **kwargs):
 
 
 @register(Tags.compatibility)
+def check_setting_name(app_configs=None, **kwargs):
+    """W005: a Django setting whose name is close to GEN_DURABLE but is not it (a typo
+    would otherwise leave every GEN_DURABLE default in force without a word)."""
+    # GEN_DURABLE_<X> is a setting of its own (a project's or a test's), not a typo.
+    names = [n for n in dir(django_settings) if n.isupper() and n != "GEN_DURABLE" and not n.startswith("GEN_DURABLE_")]
+    close = difflib.get_close_matches("GEN_DURABLE", names, n=3, cutoff=0.85)
+    return [Warning(f"The setting {name!r} looks like a misspelt GEN_DURABLE; gen_durable does not read it.",
+                    hint="Rename it GEN_DURABLE (or silence gen_durable.W005 in SILENCED_SYSTEM_CHECKS).",
+                    id=ID + "W005") for name in close]
+
+
+@register(Tags.compatibility)
 def check_queues(app_configs=None, **kwargs):
     """E002: QUEUES must map non-empty names to positive ints."""
     queues = get_settings().QUEUES

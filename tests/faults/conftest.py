@@ -240,6 +240,17 @@ pidfile = {root}/pgbouncer.pid
 
 # --- a loopback proxy that can black-hole what it carries ------------------------------------
 
+def _connect(target):
+    """A socket to the database at (host, port); a host that is a directory is a Unix socket's
+    (the embedded Postgres of scripts/test listens on one only)."""
+    host, port = target
+    if host.startswith("/"):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(f"{host}/.s.PGSQL.{port}")
+        return s
+    return socket.create_connection(target)
+
+
 class BlackholeProxy:
     """Forwards 127.0.0.1:port to the database. `blackhole()` makes every connection open
     at that moment swallow traffic both ways — sockets stay open, nothing flows, no error
@@ -262,7 +273,7 @@ class BlackholeProxy:
             except OSError:
                 return
             try:
-                upstream = socket.create_connection(self.target)
+                upstream = _connect(self.target)
             except OSError:
                 client.close()
                 continue

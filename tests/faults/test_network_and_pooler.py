@@ -25,8 +25,12 @@ FAST = {"STATEMENT_TIMEOUT": 2, "LOCK_TIMEOUT": 1}
 
 def direct_db(**extra):
     """The test database's settings for a subprocess, prepared statements off (a pooler's
-    worker must not use them; the others do not need them here)."""
-    return {"OPTIONS": {}, **extra}
+    worker must not use them; the others do not need them here). Connection options of the
+    test database (an embedded server's socket directory) are kept; extra OPTIONS merge in."""
+    options = {k: v for k, v in connection.settings_dict["OPTIONS"].items()
+               if k not in ("server_side_binding", "prepare_threshold")}
+    options.update(extra.pop("OPTIONS", {}))
+    return {"OPTIONS": options, **extra}
 
 
 def recorded(queue, log, n, **state):

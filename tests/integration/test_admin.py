@@ -145,6 +145,20 @@ def test_detail_pretty_prints_and_links_parent_children_lease_and_await(admin_cl
     assert "go" in page and "Await deadline" in page
 
 
+def test_detail_says_what_governs_a_rows_limits_and_flags_an_unknown_rate_limit(admin_client, queue_name, settings):
+    settings.GEN_DURABLE = {**settings.GEN_DURABLE, "RATE_LIMITS": {"crm": {"allowed": 10, "period": 1}},
+                            "CONCURRENCY_LIMITS": {"pdf": {"limit": 4}}}
+    stalled = gd.insert(Plain, queue=queue_name, rate_limit=("stirpe", 7), concurrency_key="pdf:a")
+    page = admin_client.get(_change(stalled)).content.decode()
+    assert "stirpe:7 <strong class=\"gd-warning\">not configured in GEN_DURABLE['RATE_LIMITS']" in page
+    assert "pdf:a <span class=\"gd-note\">(gate pdf: at most 4 executing for “pdf”)</span>" in page
+    fine = gd.insert(Plain, queue=queue_name, rate_limit=("crm", 7), concurrency_key="solo:1")
+    page = admin_client.get(_change(fine)).content.decode()
+    assert "class=\"gd-warning\"" not in page
+    assert "crm:7 <span class=\"gd-note\">(10 per second, burst 10)</span>" in page
+    assert "solo:1 <span class=\"gd-note\">(at most one executing per key)</span>" in page
+
+
 def test_the_detail_page_has_no_form_that_saves(admin_client, queue_name):
     id_ = gd.insert(Plain, queue=queue_name)
     body = admin_client.get(_change(id_)).content.decode()

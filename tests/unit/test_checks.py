@@ -87,6 +87,19 @@ def test_gen_durable_that_is_not_a_dict_is_an_error():
     ]
 
 
+@override_settings(GEN_DURBLE={"QUEUES": {"reports": 1}}, GEN_DURABLE_EXTRA="x", GENERAL_OPTION=1)
+def test_a_misspelt_gen_durable_setting_is_a_warning():
+    assert checks.check_setting_name() == [
+        checks.Warning("The setting 'GEN_DURBLE' looks like a misspelt GEN_DURABLE; gen_durable does not read it.",
+                       hint="Rename it GEN_DURABLE (or silence gen_durable.W005 in SILENCED_SYSTEM_CHECKS).",
+                       id="gen_durable.W005"),
+    ]
+
+
+def test_the_test_settings_have_no_misspelt_gen_durable():
+    assert checks.check_setting_name() == []
+
+
 # --- E002 QUEUES ----------------------------------------------------------------------
 
 QUEUE_HINT = "It is the number of concurrent steps per worker process."
