@@ -1,5 +1,6 @@
 -- expire_awaits: wake parked rows whose Await timeout passed (awaited == [] then).
--- Contract: docs/design.md#signals (resolution: the reaper interval).
+-- Contract: docs/design.md#signals (resolution: about a second — the per-process timer,
+-- worker/timers.py, runs it at the next deadline; the reaper pass runs it too, as a backstop).
 -- Params: force bool (testing.fire_timeouts: fire every armed deadline now), limit int.
 -- Index: gen_durable_await_deadline. Keeps awaits and attempt. Locks: id order, SKIP LOCKED.
 WITH due AS (

@@ -40,7 +40,18 @@ def get_loop() -> asyncio.AbstractEventLoop:
             threading.Thread(target=run, name="gd-async-loop", daemon=True).start()
             ready.wait()
             _loop = loop
+            asyncio.run_coroutine_threadsafe(_bind_sync_thread(), loop).result(10)
         return _loop
+
+
+async def _bind_sync_thread():
+    """Give the shared sync thread's engine connection the options a step thread's has
+    (TCP keepalives, application_name, kept open between steps: worker/connections.py)."""
+    from asgiref.sync import sync_to_async
+
+    from . import connections
+
+    await sync_to_async(connections.bind)("async steps", statements=False, persistent=True)
 
 
 def submit(coro) -> Future:

@@ -162,3 +162,20 @@ class AsyncSlowJob(gd.Job):
         if ctx.attempt == 0:
             await asyncio.sleep(5)
         return {"attempt": ctx.attempt}
+
+
+class AsyncAppName(gd.Machine):
+    """Returns the application_name of the connection async steps reach the database on."""
+
+    name = "tests.AsyncAppName"
+
+    @gd.step
+    async def start(self, ctx):
+        from django.db import connection
+
+        def read():
+            with connection.cursor() as cur:
+                cur.execute("SELECT current_setting('application_name')")
+                return cur.fetchone()[0]
+
+        return gd.Done({"application_name": await sync_to_async(read)()})

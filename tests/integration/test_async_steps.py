@@ -16,6 +16,7 @@ from gen_durable.models import Instance
 from gen_durable.testing import drain
 from tests.conftest import wait_until
 from tests.durable_app.async_machines import (
+    AsyncAppName,
     AsyncInlineChain,
     AsyncJob,
     AsyncKinds,
@@ -66,6 +67,15 @@ def test_a_thousand_awaiting_steps_need_neither_a_thread_nor_a_connection_each(e
     assert threads - before <= 10, f"{threads - before} threads for {n} concurrent async steps"
     assert conns <= 10, f"{conns} database connections for {n} concurrent async steps"
     print(f"\n{n} async steps of 1 s at concurrency {n}: {elapsed:.2f}s, {threads} threads, {conns} connections")
+
+
+def test_async_steps_reach_the_database_on_a_connection_with_the_workers_options(engine, queue_name):
+    """The shared sync thread's connection is bound like a step thread's (keepalives,
+    application_name): docs/reliability.md, "Connections"."""
+    id_ = gd.insert(AsyncAppName, queue=queue_name)
+    engine({queue_name: 2})
+    wait_until(lambda: Instance.objects.get(id=id_).status == "done", what="the async step done")
+    assert Instance.objects.get(id=id_).result["application_name"].startswith("gen_durable async steps")
 
 
 def test_control_sync_steps_take_a_thread_each(engine, queue_name):
