@@ -37,6 +37,7 @@ logger = logging.getLogger("gen_durable.scheduler")
 DEAD_MARGIN = 10 * 365 * 86400.0
 RELEASE_ATTEMPTS = 5  # shutdown release passes over rows locked for a moment; retry them
 PAUSE_CHECK_INTERVAL = 1.0  # seconds: how stale this scheduler's view of a queue pause may be
+PICK_FAILURE_LOG_INTERVAL = 60.0  # seconds between log lines while picks keep failing
 # Rows a pick claims after the limiter denied rows in the previous one: enough to move a
 # throttled head out of the queue's way (each denied row is deferred once) in few picks.
 LIMITED_WINDOW = 500
@@ -691,6 +692,7 @@ class Scheduler:
         connections.bind(f"feeder {self.queue}", self.using, relaxed_commit=True, tag=getattr(self, "tag", None))
         interval = self.s.POLL_INTERVAL
         leases_lost = False
+        failures, failure_logged = 0, 0.0
         try:
             self.reclaim()
         except Exception:
@@ -707,12 +709,22 @@ class Scheduler:
             try:
                 claimed = self.run_once()
             except Exception as exc:
-                logger.warning("pick on queue %s failed: %s; retrying after back-off", self.queue, exc)
+                # One line at the first failure, then one per PICK_FAILURE_LOG_INTERVAL while
+                # it lasts (an outage must not flood the log), and one when it ends.
+                failures += 1
+                now = time.monotonic()
+                if failures == 1 or now - failure_logged >= PICK_FAILURE_LOG_INTERVAL:
+                    logger.warning("pick on queue %s failed (%d in a row): %s; retrying after back-off",
+                                   self.queue, failures, exc)
+                    failure_logged = now
                 close_old_connections()
                 db.connection(self.using).close()
                 claimed = 0
                 interval = min(max(interval, self.s.POLL_INTERVAL) * 2, self.s.MAX_POLL_INTERVAL)
             else:
+                if failures:
+                    logger.warning("pick on queue %s succeeds again after %d failures", self.queue, failures)
+                    failures = 0
                 if claimed or self.in_flight:
                     interval = self.s.POLL_INTERVAL
                 else:

@@ -125,3 +125,36 @@ def test_postgres_restarted_mid_drain_loses_nothing(own_cluster, tmp_path, mode)
     assert max(len(v) for v in by_step.values()) <= 2
     for done in by_step.values():
         assert not side.overlaps([(s, e, p) for p, s, e in done if e is not None])
+
+
+@pytest.mark.slow
+def test_an_outage_logs_one_pick_failure_line_then_one_when_picks_succeed_again(own_cluster, tmp_path):
+    """Picks failing every 0.2 s for several seconds do not flood the log: one line at the
+    first failure (then one a minute), one when the pick works again."""
+    own_cluster.start()
+    prepare(own_cluster)
+    log = tmp_path / "worker.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(MANAGE + ["rundurable", "--queue", "calm=1", "--verbosity", "1"], cwd=ROOT,
+                                env=env_for(own_cluster, POLL_INTERVAL=0.05, MAX_POLL_INTERVAL=0.2),
+                                stdout=out, stderr=subprocess.STDOUT, text=True)
+    try:
+        first = insert_jobs(own_cluster, "calm", 1, {"log": str(tmp_path / "runs.log"), "sleep": 0})
+        wait_until(lambda: statuses(own_cluster, first) == {first[0]: "done"} or proc.poll() is not None,
+                   timeout=60, what="a job before the outage")
+        own_cluster.stop("fast")
+        time.sleep(4)  # about 20 failed picks at MAX_POLL_INTERVAL
+        own_cluster.start()
+        wait_until(lambda: "pick on queue calm succeeds again" in log.read_text(), timeout=60,
+                   what="the recovery line")
+        ids = insert_jobs(own_cluster, "calm", 1, {"log": str(tmp_path / "runs.log"), "sleep": 0})
+        wait_until(lambda: statuses(own_cluster, ids) == {ids[0]: "done"}, timeout=60, what="a job after the outage")
+        assert proc.poll() is None
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    text = log.read_text()
+    failed = [line for line in text.splitlines() if "pick on queue calm failed" in line]
+    assert len(failed) == 1 and "(1 in a row)" in failed[0], text[-3000:]
+    (again,) = [line for line in text.splitlines() if "pick on queue calm succeeds again" in line]
+    assert int(again.rsplit("after ", 1)[1].split()[0]) >= 5, again  # the failures were counted, not logged
