@@ -35,16 +35,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _as_postgres(cmd):
-    """initdb, pg_ctl and pgbouncer refuse to run as root: run them as `postgres` then."""
+def _as_postgres(cmd, user="postgres"):
+    """initdb, pg_ctl and pgbouncer refuse to run as root: run them as `user` then."""
     if os.geteuid() == 0:
-        return ["runuser", "-u", "postgres", "--"] + cmd
+        return ["runuser", "-u", user, "--"] + cmd
     return cmd
 
 
-def _give_to_postgres(path):
+def _give_to_postgres(path, user="postgres"):
     if os.geteuid() == 0:
-        pw = pwd.getpwnam("postgres")
+        pw = pwd.getpwnam(user)
         for root, dirs, files in os.walk(path):
             os.chown(root, pw.pw_uid, pw.pw_gid)
             for f in files:
@@ -210,8 +210,12 @@ ignore_startup_parameters = extra_float_digits
 logfile = {root}/pgbouncer.log
 pidfile = {root}/pgbouncer.pid
 """)
-        _give_to_postgres(root)
-        proc = subprocess.Popen(_as_postgres([binary, str(root / "pgbouncer.ini")]),
+        # Reaching a server through its socket directory (the embedded Postgres of
+        # scripts/test) takes its owner's rights: run as that user then.
+        host = params.get("host", "127.0.0.1")
+        user = pwd.getpwuid(os.stat(host).st_uid).pw_name if host.startswith("/") else "postgres"
+        _give_to_postgres(root, user)
+        proc = subprocess.Popen(_as_postgres([binary, str(root / "pgbouncer.ini")], user),
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         bouncer = Bouncer(root, port, proc)
         started.append(bouncer)
