@@ -24,31 +24,10 @@ import psycopg
 import pytest
 from django.db import connection
 
+from tests.faults.cluster import PG_BIN, OwnCluster, as_postgres, free_port, give_to_postgres
+
 ROOT = Path(__file__).resolve().parents[2]
-PG_BIN = Path(os.environ.get("GEN_DURABLE_PG_BIN", "/usr/lib/postgresql/15/bin"))
 MANAGE = [sys.executable, str(ROOT / "tests" / "manage.py")]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _as_postgres(cmd, user="postgres"):
-    """initdb, pg_ctl and pgbouncer refuse to run as root: run them as `user` then."""
-    if os.geteuid() == 0:
-        return ["runuser", "-u", user, "--"] + cmd
-    return cmd
-
-
-def _give_to_postgres(path, user="postgres"):
-    if os.geteuid() == 0:
-        pw = pwd.getpwnam(user)
-        for root, dirs, files in os.walk(path):
-            os.chown(root, pw.pw_uid, pw.pw_gid)
-            for f in files:
-                os.chown(os.path.join(root, f), pw.pw_uid, pw.pw_gid)
 
 
 def log_lines(path):
@@ -68,15 +47,16 @@ def tally(path, what):
 
 @pytest.fixture
 def rundurable(tmp_path):
-    """start(*args, db=None, **GEN_DURABLE keys) → a `rundurable` child (killed at teardown).
+    """start(*args, db=None, prefix=(), **GEN_DURABLE keys) → a `rundurable` child (killed at teardown).
 
     `db` is merged over the test database's settings (HOST, PORT, NAME, USER, OPTIONS):
     the worker then reaches it through a proxy, a pooler or another cluster. Its log
-    (verbosity 1) is in `proc.log_path`.
+    (verbosity 1) is in `proc.log_path`. `prefix` goes before the command (`ip netns exec
+    NAME`: the worker runs on another "host", tests/faults/cluster.py `Hosts`).
     """
     procs = []
 
-    def start(*args, db=None, **gen_durable):
+    def start(*args, db=None, prefix=(), **gen_durable):
         env = dict(os.environ, DJANGO_SETTINGS_MODULE="tests.settings",
                    GEN_DURABLE_TEST_DB_NAME=connection.settings_dict["NAME"])
         env.pop("GEN_DURABLE_TEST_DB_OVERRIDE", None)
@@ -86,7 +66,7 @@ def rundurable(tmp_path):
             env["GEN_DURABLE_TEST_SETTINGS"] = json.dumps(gen_durable)
         path = tmp_path / f"worker-{len(procs)}.log"
         out = open(path, "w")
-        proc = subprocess.Popen(MANAGE + ["rundurable", *args], cwd=ROOT, env=env, stdout=out,
+        proc = subprocess.Popen([*prefix, *MANAGE, "rundurable", *args], cwd=ROOT, env=env, stdout=out,
                                 stderr=subprocess.STDOUT, text=True)
         out.close()
         proc.log_path = path
@@ -113,58 +93,31 @@ def manage(*args, db=None, timeout=120):
 
 # --- a cluster of the test's own -------------------------------------------------------------
 
-class Cluster:
-    def __init__(self, root, port, settings):
-        self.root, self.port, self.settings = Path(root), port, settings
-        self.data = self.root / "data"
-
-    def start(self):
-        _give_to_postgres(self.root)
-        subprocess.run(_as_postgres([str(PG_BIN / "initdb"), "-D", str(self.data), "-U", "postgres",
-                                     "--auth=trust", "-E", "UTF8", "--no-sync"]),
-                       check=True, capture_output=True)
-        conf = {"port": self.port, "listen_addresses": "'127.0.0.1'",
-                "unix_socket_directories": f"'{self.root}'", "fsync": "off", "synchronous_commit": "off",
-                "full_page_writes": "off", "autovacuum": "off", "shared_buffers": "'16MB'",
-                **self.settings}
-        with open(self.data / "postgresql.conf", "a") as f:
-            for k, v in conf.items():
-                f.write(f"{k} = {v}\n")
-        _give_to_postgres(self.root)
-        subprocess.run(_as_postgres([str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-l",
-                                     str(self.root / "server.log"), "-w", "-t", "60", "start"]),
-                       check=True, capture_output=True)
-        return self
-
-    def stop(self):
-        subprocess.run(_as_postgres([str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-m", "immediate",
-                                     "-w", "stop"]), capture_output=True)
-
-    def dsn(self, user="postgres", dbname="postgres"):
-        return f"host=127.0.0.1 port={self.port} user={user} dbname={dbname}"
-
-    def connect(self, user="postgres", dbname="postgres", **kw):
-        return psycopg.connect(self.dsn(user, dbname), autocommit=True, **kw)
+@pytest.fixture
+def own_cluster():
+    """An OwnCluster (initdb'd, not started), destroyed at teardown."""
+    if not (PG_BIN / "initdb").exists():
+        pytest.skip(f"no Postgres binaries in {PG_BIN}")
+    cluster = OwnCluster()
+    yield cluster
+    cluster.destroy()
 
 
 @pytest.fixture
 def pg_cluster():
-    """start(**postgresql.conf settings) → a running Cluster, stopped at teardown."""
+    """start(**postgresql.conf settings) → a running OwnCluster, destroyed at teardown."""
     if not (PG_BIN / "initdb").exists():
         pytest.skip(f"no Postgres binaries in {PG_BIN}")
     started = []
 
     def start(**settings):
-        root = tempfile.mkdtemp(prefix="gd-cluster-")
-        os.chmod(root, 0o755)
-        cluster = Cluster(root, free_port(), settings)
+        cluster = OwnCluster(synchronous_commit="off", **settings)
         started.append(cluster)
         return cluster.start()
 
     yield start
     for cluster in started:
-        cluster.stop()
-        shutil.rmtree(cluster.root, ignore_errors=True)
+        cluster.destroy()
 
 
 # --- PgBouncer --------------------------------------------------------------------------------
@@ -214,8 +167,8 @@ pidfile = {root}/pgbouncer.pid
         # scripts/test) takes its owner's rights: run as that user then.
         host = params.get("host", "127.0.0.1")
         user = pwd.getpwuid(os.stat(host).st_uid).pw_name if host.startswith("/") else "postgres"
-        _give_to_postgres(root, user)
-        proc = subprocess.Popen(_as_postgres([binary, str(root / "pgbouncer.ini")], user),
+        give_to_postgres(root, user)
+        proc = subprocess.Popen(as_postgres([binary, str(root / "pgbouncer.ini")], user),
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         bouncer = Bouncer(root, port, proc)
         started.append(bouncer)

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import wait_until
-from tests.faults.cluster import own_cluster  # noqa: F401  (fixture)
 
 ROOT = Path(__file__).resolve().parents[2]
 MANAGE = [sys.executable, str(ROOT / "tests" / "manage.py")]

@@ -1,0 +1,30 @@
+"""The machine of the multi-host test (tests/faults/test_multihost.py), imported by
+durable.py so worker subprocesses have it."""
+
+import os
+import time
+
+from django.db import connection
+
+import gen_durable as gd
+
+
+class HostLogged(gd.Machine):
+    """One step that logs its run in the side table gd_test_steplog: a row stamped with
+    the server's clock and the client address it came from (the "host") when it starts,
+    its end stamped when it finishes, state["sleep"] seconds later. Each statement
+    commits on its own (autocommit), so a run is visible while it lasts."""
+
+    name = "tests.HostLogged"
+
+    @gd.step
+    def start(self, ctx):
+        with connection.cursor() as cur:
+            cur.execute("INSERT INTO gd_test_steplog (id, host, pid, started_at) "
+                        "VALUES (%s, inet_client_addr(), %s, clock_timestamp()) RETURNING run",
+                        [ctx.id, os.getpid()])
+            run = cur.fetchone()[0]
+        time.sleep(ctx.state.get("sleep", 0))
+        with connection.cursor() as cur:
+            cur.execute("UPDATE gd_test_steplog SET ended_at = clock_timestamp() WHERE run = %s", [run])
+        return gd.Done({})
