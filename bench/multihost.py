@@ -12,11 +12,12 @@ reconfigured), with the shared bench server's durability settings (fsync on,
 synchronous_commit on, full_page_writes on, autovacuum off, shared_buffers 128MB).
 Configurations alternate within each run round, so drift of the machine hits all alike.
 
-Besides jobs/s, each run measures on that server, per job (docs/scaling.md):
-WAL bytes of the insert (insert_all), of the drain (pg_current_wal_lsn() before/after;
-pg_waldump --stats splits records from full-page images) and of the GC delete; commits;
-row churn of `gen_durable` (updates, HOT share, dead tuples, from pg_stat_user_tables);
-the peak of worker connections per host (pg_stat_activity). Everything it makes —
+Besides the rate, each run measures per step (docs/scaling.md): WAL bytes of the
+insert (insert_all), of the drain (pg_current_wal_lsn() before/after; pg_waldump --stats
+splits records from full-page images) and of the GC delete; commits; row churn of
+`gen_durable` (updates, HOT share, dead tuples, from pg_stat_user_tables); CPU of the
+server and of the workers from the first finished job on (start-up excluded); the peak
+of worker connections per host and role (pg_stat_activity). Everything it makes —
 namespaces, bridge, cluster, processes — is removed at the end, also on failure.
 Writes bench/results/multihost.md (and prints it). Needs root (namespaces).
 """
@@ -89,19 +90,58 @@ def waldump(cluster: OwnCluster, start: int, end: int) -> dict:
     return {"records": int(m[1]), "record_bytes": int(m[2]), "fpi_bytes": int(m[3]), "bytes": int(m[4])}
 
 
-class ConnectionPeak(threading.Thread):
-    """Samples the database's worker connections (application_name "gen_durable <role>
-    <token>") every 0.1 s; keeps the peak per client address, in total, and the roles
-    held at the total's peak."""
+TICK = os.sysconf("SC_CLK_TCK")
 
-    def __init__(self, url: str):
+
+def _proc_cpu(pid: int, children_too: bool = False) -> float:
+    """CPU seconds of a live process (user + system; with its reaped children's when asked)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    ticks = int(fields[11]) + int(fields[12]) + ((int(fields[13]) + int(fields[14])) if children_too else 0)
+    return ticks / TICK
+
+
+def _children(ppid: int) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == ppid:
+                    out.append(int(d.name))
+            except (OSError, IndexError, ValueError):
+                continue
+    return out
+
+
+def server_cpu(cluster: OwnCluster) -> float:
+    """CPU seconds the cluster has used so far: the postmaster with every backend it
+    reaped, plus the live ones."""
+    pid = int((cluster.data / "postmaster.pid").read_text().split()[0])
+    return _proc_cpu(pid, children_too=True) + sum(_proc_cpu(c) for c in _children(pid))
+
+
+class Sampler(threading.Thread):
+    """Every 0.1 s during a drain: the database's worker connections (application_name
+    "gen_durable <role> <token>") — peak per client address, in total, and the roles
+    held at the total's peak; and, at the first finished job, the CPU the workers and
+    the server have used so far (start-up), so per-step CPU counts the drain only."""
+
+    def __init__(self, url: str, cluster: OwnCluster):
         super().__init__(daemon=True)
-        self.url, self.stop, self.by_host, self.total = url, threading.Event(), defaultdict(int), 0
-        self.roles: dict[str, int] = {}
+        self.url, self.cluster, self.stop = url, cluster, threading.Event()
+        self.by_host, self.total, self.roles = defaultdict(int), 0, {}
+        self.first_done = None  # (workers' CPU s, server CPU s, jobs done) at the first finished job
 
     def run(self):
         with psycopg.connect(self.url, autocommit=True) as c:
             while not self.stop.is_set():
+                if self.first_done is None:
+                    done = c.execute("SELECT count(*) FROM gen_durable WHERE status = 'done'").fetchone()[0]
+                    if done:
+                        workers = sum(_proc_cpu(p) for p in _children(os.getpid()))
+                        self.first_done = (workers, server_cpu(self.cluster), done)
                 rows = c.execute("SELECT coalesce(host(client_addr), 'local'), application_name FROM pg_stat_activity "
                                  "WHERE datname = current_database() AND application_name LIKE 'gen_durable %%'"
                                  ).fetchall()
@@ -117,11 +157,11 @@ class ConnectionPeak(threading.Thread):
                 self.stop.wait(0.1)
 
 
-def run_once(cluster: OwnCluster, hosts: Hosts | None, config: str, n: int, concurrency: int) -> dict:
+def run_once(cluster: OwnCluster, hosts: Hosts | None, config: str, n: int, concurrency: int, prefetch: int) -> dict:
     # The example's other queues stay configured (its TASKS name "email": check E061);
     # the workers run only `default` (--queue).
     knobs = {"QUEUES": {"orders": 8, "email": 4, "default": concurrency}, "FLUSH": {"MAX_BATCH": 100, "MAX_DELAY": 0.005},
-             "PREFETCH": concurrency, "MIN_DEMAND": max(1, concurrency // 2)}
+             "PREFETCH": prefetch, "MIN_DEMAND": max(1, concurrency // 2)}
     k = int(config) if config.isdigit() else 1
     machine, steps_per = ("Pipeline", 5) if config == "pipeline" else ("noop", 1)
     instances = n // steps_per
@@ -139,7 +179,8 @@ def run_once(cluster: OwnCluster, hosts: Hosts | None, config: str, n: int, conc
         else:
             cmds = [hosts.exec_prefix(i) + cmd for i in range(k)]
             worker_url = url.replace("@127.0.0.1:", f"@{hosts.server}:")
-        peak = ConnectionPeak(url)
+        peak = Sampler(url, cluster)
+        cpu0 = server_cpu(cluster)
         peak.start()
         try:
             res = harness.drain_with_processes(cmds, done_url=url, done_sql=DONE_SQL, expected=instances,
@@ -147,6 +188,7 @@ def run_once(cluster: OwnCluster, hosts: Hosts | None, config: str, n: int, conc
         finally:
             peak.stop.set()
             peak.join()
+        cpu1 = server_cpu(cluster)
         s2 = stats(url)  # the workers have exited (--burst): their statistics are flushed
         gc = _shell(url, GC)
         s3 = stats(url)
@@ -163,6 +205,12 @@ def run_once(cluster: OwnCluster, hosts: Hosts | None, config: str, n: int, conc
         "hot_share": drain["hot_upd"] / drain["upd"] if drain["upd"] else 0.0,
         "dead_after_drain": drain["dead"] / n, "dead_after_gc": gcd["dead"] / n, "gc_deleted": gc["deleted"],
     }
+    if peak.first_done and res.get("workers_cpu_s") is not None:
+        # From the first finished job to the end: the drain without start-up.
+        w0, c0, done0 = peak.first_done
+        steps = (instances - done0) * steps_per
+        per |= {"worker_cpu_us": (res["workers_cpu_s"] - w0) / steps * 1e6, "server_cpu_us": (cpu1 - c0) / steps * 1e6}
+    per["server_cpu_us_all"] = (cpu1 - cpu0) / n * 1e6
     sample = harness.rate_sample(n, res["elapsed_s"], unit="steps/s" if steps_per > 1 else "jobs/s",
                                  enqueue_s=fill["enqueue_s"])
     return sample | {"busy_before": round(busy, 3), "per_job": per, "peak_total": peak.total,
@@ -194,7 +242,7 @@ def report(samples: dict, args, started: str, busiest: float) -> str:
              f"CPU busy before a run: at most {busiest:.0%} (runs wait for ≤ {max_busy:.0%})"
              + (" — ⚠ the machine was busy" if busiest > max_busy else "") + ".", "",
              f"{args.n:,} no-op jobs pre-filled (insert_all), drained by one `rundurable --burst` process per host "
-             f"(`default={args.concurrency}`, PREFETCH {args.concurrency}, MIN_DEMAND {max(1, args.concurrency // 2)}); "
+             f"(`default={args.concurrency}`, PREFETCH {args.prefetch}, MIN_DEMAND {max(1, args.concurrency // 2)}); "
              "hosts are network namespaces reaching the server over veth + bridge, each from its own address; "
              "`loopback` is one process in the root namespace on 127.0.0.1; `pipeline` is one host draining "
              f"{args.n // 5:,} instances of the example's 5-step machine (steps/s). The clock includes worker "
@@ -218,7 +266,8 @@ def report(samples: dict, args, started: str, busiest: float) -> str:
     pipe = samples.get("pipeline", [])
 
     def col(rows, key, fmt):
-        return spread([r["per_job"][key] for r in rows], fmt) if rows else "–"
+        vals = [r["per_job"][key] for r in rows if r["per_job"].get(key) is not None]
+        return spread(vals, fmt) if vals else "–"
 
     rows = [("WAL bytes, insert (insert_all, batches of 10,000), per instance", "insert_wal", "{:,.0f}"),
             ("WAL bytes, drain: claim + outcome (pg_current_wal_lsn() delta)", "drain_wal", "{:,.0f}"),
@@ -230,9 +279,11 @@ def report(samples: dict, args, started: str, busiest: float) -> str:
             ("commits, drain", "drain_commits", "{:.3f}"),
             ("row updates of gen_durable, drain", "upd", "{:.2f}"),
             ("HOT share of those updates", "hot_share", "{:.0%}"),
+            ("server CPU µs, drain (from the first finished job; all backends)", "server_cpu_us", "{:,.0f}"),
+            ("worker CPU µs, drain (from the first finished job; every host's process)", "worker_cpu_us", "{:,.0f}"),
             ("dead tuples left by the drain (autovacuum off)", "dead_after_drain", "{:.2f}"),
             ("dead tuples after the GC delete", "dead_after_gc", "{:.2f}")]
-    lines += [f"## Per step, on the server (median (min–max) over {len(noop)} no-op runs"
+    lines += [f"## Per step (median (min–max) over {len(noop)} no-op runs"
               + (f" and {len(pipe)} pipeline runs" if pipe else "") + ")", "",
               "| measure | no-op job (1 step) | 5-step machine, per step |", "|---|---:|---:|"]
     lines += [f"| {label} | {col(noop, key, fmt)} | {col(pipe, key, fmt)} |" for label, key, fmt in rows]
@@ -246,8 +297,11 @@ def main(argv=None):
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--n", type=int, default=20000)
     ap.add_argument("--concurrency", type=int, default=50)
+    ap.add_argument("--prefetch", type=int, default=None, help="PREFETCH (default: the concurrency)")
     ap.add_argument("--no-save", action="store_true", help="print only; do not write bench/results/multihost.md")
     args = ap.parse_args(argv)
+    if args.prefetch is None:
+        args.prefetch = args.concurrency
     configs = args.hosts.split(",")
     if any(c not in ("loopback", "pipeline") and not c.isdigit() for c in configs):
         ap.error(f"--hosts takes loopback, host counts and pipeline, got {args.hosts!r}")
@@ -268,7 +322,7 @@ def main(argv=None):
                                  **SERVER).start()
             for i in range(args.runs):
                 for c in configs:
-                    r = run_once(cluster, hosts, c, args.n, args.concurrency)
+                    r = run_once(cluster, hosts, c, args.n, args.concurrency, args.prefetch)
                     samples[c].append(r)
                     print(f"  run {i + 1}/{args.runs} hosts={c}: {r['rate']:,.0f} {r['unit']} over {r['elapsed_s']:.2f}s; "
                           f"drain WAL {r['per_job']['drain_wal']:,.0f} B/step; peak connections {r['peak_by_host']}; "
