@@ -34,7 +34,6 @@ import statistics
 import subprocess
 import sys
 import threading
-import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -205,8 +204,9 @@ def run_once(cluster: OwnCluster, hosts: Hosts | None, config: str, n: int, conc
         "hot_share": drain["hot_upd"] / drain["upd"] if drain["upd"] else 0.0,
         "dead_after_drain": drain["dead"] / n, "dead_after_gc": gcd["dead"] / n, "gc_deleted": gc["deleted"],
     }
-    if peak.first_done and res.get("workers_cpu_s") is not None:
-        # From the first finished job to the end: the drain without start-up.
+    if peak.first_done and res.get("workers_cpu_s") is not None and steps_per == 1:
+        # From the first finished job to the end: the drain without start-up. (A 5-step
+        # instance first finishes near the end of the drain: no such split for it.)
         w0, c0, done0 = peak.first_done
         steps = (instances - done0) * steps_per
         per |= {"worker_cpu_us": (res["workers_cpu_s"] - w0) / steps * 1e6, "server_cpu_us": (cpu1 - c0) / steps * 1e6}
