@@ -133,6 +133,10 @@ def namespaces_unavailable() -> str | None:
     if done.returncode:
         return f"`ip netns add` fails here (root and CAP_SYS_ADMIN needed): {done.stderr.strip()}"
     _ip("netns", "del", probe, check=False)
+    done = subprocess.run(["ip", "link", "add", probe, "type", "bridge"], capture_output=True, text=True)
+    if done.returncode:
+        return f"`ip link add … type bridge` fails here: {done.stderr.strip()}"
+    _ip("link", "del", probe, check=False)
     return None
 
 

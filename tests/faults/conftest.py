@@ -2,7 +2,8 @@
 own, a PgBouncer in transaction mode, and a loopback TCP proxy that can black-hole
 the connections it carries.
 
-Everything listens on 127.0.0.1 on a free port and is stopped at teardown. The
+Everything listens on 127.0.0.1 on a free port (a multi-host test's cluster also on
+its namespaces' bridge: tests/faults/cluster.py) and is stopped at teardown. The
 machine's shared Postgres is never restarted nor reconfigured: a test needing server
 settings of its own (max_connections, idle_session_timeout) starts its own cluster.
 """
