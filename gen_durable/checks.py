@@ -341,6 +341,15 @@ def check_limits(app_configs=None, **kwargs):
     """E007: RATE_LIMITS and CONCURRENCY_LIMITS entries."""
     s = get_settings()
     errors = []
+    for key in ("RATE_LIMITS", "CONCURRENCY_LIMITS"):
+        section = getattr(s, key)
+        for name in section if isinstance(section, dict) else ():
+            if not isinstance(name, str) or not name or ":" in name:
+                # A row's key is matched by the part before its first ':' (docs/guide.md, "Limits").
+                errors.append(Error(f"GEN_DURABLE['{key}'] has the name {name!r}, which no key can match: a limit "
+                                    "name is a non-empty string without ':'.",
+                                    hint=f"Name it {str(name).split(':', 1)[0]!r}: keys '<name>' and '<name>:<anything>' "
+                                         "(a tenant, a partition) are then governed by it.", id=ID + "E007"))
     for name, cfg in (s.RATE_LIMITS or {}).items() if isinstance(s.RATE_LIMITS, dict) else ():
         if not isinstance(cfg, dict) or not _num(cfg.get("allowed"), minimum=0) or not _num(cfg.get("period"), positive=True):
             errors.append(Error(f"GEN_DURABLE['RATE_LIMITS'][{name!r}] needs 'allowed' (>= 0) and 'period' (seconds > 0).",

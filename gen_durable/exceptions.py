@@ -40,6 +40,23 @@ class InvalidInput(GenDurableError, ValueError):
     """An argument is out of its documented range (negative delay, naive datetime…)."""
 
 
+class UncommittedInstance(GenDurableError, RuntimeError):
+    """`await_result` was called inside the transaction that inserted (or changed) the
+    instance: no worker can see the row before that transaction commits, so the wait
+    could only time out. Await after the commit (e.g. outside `transaction.atomic()`, or
+    with ATOMIC_REQUESTS, in a view marked `transaction.non_atomic_requests`).
+
+    Attributes: `target` (the instance id).
+    """
+
+    def __init__(self, target):
+        self.target = target
+        super().__init__(
+            f"await_result({target}) inside the transaction that inserted or changed instance {target}: "
+            "no worker sees it before that transaction commits, so the wait could only time out; "
+            "await it after the commit (docs/guide.md, \"Calls\")")
+
+
 class SerializationError(GenDurableError, TypeError):
     """A state, result or payload cannot be encoded as JSON, or is too large."""
 

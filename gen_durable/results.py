@@ -192,6 +192,7 @@ def await_result(id: int, timeout: float = 5.0, *, until: str = "settled", using
     deadline = time.monotonic() + timeout
     watcher = ResultWatcher.get(using)
     ev = watcher.register(id)
+    first = True
     try:
         while True:
             ev.clear()
@@ -201,12 +202,26 @@ def await_result(id: int, timeout: float = 5.0, *, until: str = "settled", using
             found = _settled(snap, until)
             if found is not None:
                 return found
+            if first and db.connection(using).in_atomic_block and _written_here(id, using):
+                from .exceptions import UncommittedInstance
+
+                raise UncommittedInstance(id)
+            first = False
             left = deadline - time.monotonic()
             if left <= 0:
                 return Result("busy", snapshot=snap)
             ev.wait(min(left, POLL_FLOOR))
     finally:
         watcher.unregister(id, ev)
+
+
+def _written_here(id: int, using=None) -> bool:
+    """Whether the caller's open transaction wrote instance `id`'s current row version
+    (its xmin is this transaction's id: nobody else can see it yet). One statement."""
+    row = db.fetchone("SELECT xmin::text, pg_current_xact_id_if_assigned()::text FROM gen_durable WHERE id = %s",
+                      (id,), using)
+    # xmin is the 32-bit form of the 64-bit transaction id (epoch dropped).
+    return row is not None and row[1] is not None and int(row[0]) == int(row[1]) % 2**32
 
 
 def _await_result_off_thread(id: int, timeout: float = 5.0, *, until: str = "settled", using=None) -> Result:

@@ -36,6 +36,7 @@ never breaks the engine. `duration` measurements are seconds (float).
 | rate_limit.throttled   | wanted, granted                           | key, queue            |
 | rate_limit.contended   | count                                     | queue                 |
 | rate_limit.unknown     | count                                     | key, name, fsm, step  |
+| limiter.unavailable    | count (rows that wait)                    | queue, backend        |
 
 `step.start` and `step.stop` of one step are emitted in the same thread (the one that
 runs it); `error` is the recorded error text of a retry or stop (None otherwise).
@@ -50,7 +51,9 @@ per key whose rows a pick's admission denied (wanted = rows offered, admitted/gr
 rows let through); `rate_limit.contended` when two pickers minted the same cold rate
 bucket and the admission retried, `concurrency.contended` also when a counter's CHECK
 fenced an admission that retried; `rate_limit.unknown` when a Next names, or the pick
-meets, a rate limit that is not configured (key, name, fsm, step).
+meets, a rate limit that is not configured (key, name, fsm, step); `limiter.unavailable`
+when the Redis limiter cannot be reached: the pick's rows with limits wait (deferred
+1 s) and the others run.
 """
 
 from __future__ import annotations
@@ -68,7 +71,7 @@ EVENTS = (
     "flush.retry", "step.connection_retry", "inline.continue", "inline.yield",
     "producer.flush", "producer.error",
     "rate_limit.throttled",
-    "rate_limit.contended", "rate_limit.unknown",
+    "rate_limit.contended", "rate_limit.unknown", "limiter.unavailable",
 )
 
 _lock = threading.Lock()

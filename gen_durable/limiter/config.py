@@ -106,6 +106,10 @@ def parse(rate_limits: dict, concurrency_limits: dict) -> Limits:
     gen_durable.E007 reports the details; `rundurable` never starts with one).
     """
     rates, gates = {}, {}
+    for name in [*(rate_limits or {}), *(concurrency_limits or {})]:
+        if not isinstance(name, str) or not name or ":" in name:
+            raise ImproperlyConfigured(f"limit name {name!r} cannot match any key (a name has no ':'); "
+                                       "run `manage.py check` for details")
     try:
         for name, cfg in (rate_limits or {}).items():
             where = f"GEN_DURABLE['RATE_LIMITS'][{name!r}]"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
@@ -114,11 +115,21 @@ def admit_claimed(jobs, queue, worker, limiter, limit, stats=None, using=None) -
     limited = [j for j in jobs if limiter.needs_admission(j)]
     denied: dict = {}
     if limited:
-        adm = limiter.admit(limited, queue)
-        for j in limited:
-            if j.id in adm.admitted:
-                j.slot = adm.admitted[j.id]
-        denied = {i: adm.retry_in.get(i, 0.0) for i in adm.denied}
+        try:
+            adm = limiter.admit(limited, queue)
+        except Exception as exc:
+            if limiter.transactional:
+                raise  # the Postgres limiter fails with the database: the pick fails as a whole
+            # An out-of-band limiter (Redis) that cannot be reached must not stop the rows
+            # that need no admission: only the limited rows wait, and try again later.
+            _limiter_unavailable(limiter, queue, len(limited), exc)
+            adm = None
+            denied = {j.id: LIMITER_RETRY for j in limited}
+        if adm is not None:
+            for j in limited:
+                if j.id in adm.admitted:
+                    j.slot = adm.admitted[j.id]
+            denied = {i: adm.retry_in.get(i, 0.0) for i in adm.denied}
     keep, extra = [], []
     admitted_limited = {j.id for j in limited if j.id not in denied}
     for j in jobs:
@@ -133,6 +144,20 @@ def admit_claimed(jobs, queue, worker, limiter, limit, stats=None, using=None) -
         stats["denied"] = len(denied)
         stats["claimed"] = len(jobs)
     return keep
+
+
+LIMITER_RETRY = 1.0           # seconds: rows the limiter could not admit (unreachable) wait this long
+LIMITER_LOG_INTERVAL = 60.0   # seconds between log lines while the limiter stays unreachable
+_limiter_logged: dict = {}
+
+
+def _limiter_unavailable(limiter, queue, count, exc):
+    telemetry.emit("limiter.unavailable", {"count": count}, {"queue": queue, "backend": limiter.name})
+    now = time.monotonic()
+    if now - _limiter_logged.get(queue, -LIMITER_LOG_INTERVAL) >= LIMITER_LOG_INTERVAL:
+        _limiter_logged[queue] = now
+        logger.warning("queue %s: the %s limiter is unreachable (%s); %d rows with limits wait (retried every "
+                       "%gs), rows without limits run", queue, limiter.name, exc, count, LIMITER_RETRY)
 
 
 def defer(ids, delays, worker: str, using=None) -> list[int]:

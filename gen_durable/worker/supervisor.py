@@ -167,8 +167,14 @@ class Supervisor:
             db.fetchone("SELECT 1", None, self.using)
         self._lease_lost = False
         if slots:
-            # Lease-native slots (Redis) expire unless renewed with the rows' leases.
-            self.limiter.renew(slots)
+            # Lease-native slots (Redis) expire unless renewed with the rows' leases. An
+            # unreachable limiter is not a failed heartbeat: the rows' leases are renewed;
+            # the slots lapse (under-admission, the safe side) until it is back.
+            try:
+                self.limiter.renew(slots)
+            except Exception as exc:
+                logger.warning("could not renew %d gate slots in the %s limiter (%s); they lapse with their "
+                               "lease unless a later heartbeat renews them", len(slots), self.limiter.name, exc)
         self._register()
 
     def _register(self):

@@ -21,7 +21,7 @@ def test_an_unknown_id_is_not_found():
     assert result.status == "not_found" and result.snapshot is None and not result.ok
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)  # the row is committed, as a worker needs it to be
 def test_a_runnable_row_is_busy_at_the_deadline_with_a_snapshot(queue_name):
     id_ = gd.insert(Recorder, queue=queue_name, state={"names": ["go"]})
     result = gd.await_result(id_, timeout=0.05)
@@ -31,7 +31,7 @@ def test_a_runnable_row_is_busy_at_the_deadline_with_a_snapshot(queue_name):
     assert result.result is None and result.error is None
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 def test_a_parked_row_is_awaiting_unless_until_terminal(queue_name):
     id_ = gd.insert(Recorder, queue=queue_name, state={"names": ["go"]})
     drain(queue_name)
@@ -50,6 +50,25 @@ def test_a_parked_row_is_awaiting_unless_until_terminal(queue_name):
     done = gd.await_result(id_, timeout=5, until="terminal")
     assert done.status == "done" and done.ok
     assert [s["payload"] for s in done.result["awaited"]] == [{"v": 1}]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_awaiting_inside_the_transaction_that_inserted_the_row_raises_at_once(queue_name):
+    """No worker can see an uncommitted row: the wait could only time out (an atomic view)."""
+    import time
+
+    from django.db import transaction
+
+    before = gd.insert(Plain, queue=queue_name)  # committed
+    with transaction.atomic():
+        id_ = gd.insert(Plain, queue=queue_name)
+        started = time.monotonic()
+        with pytest.raises(gd.UncommittedInstance, match=f"await_result\\({id_}\\) inside the transaction"):
+            gd.await_result(id_, timeout=30)
+        assert time.monotonic() - started < 5  # at once, not at the timeout
+        # a row this transaction did not write is awaited as usual, transaction or not
+        assert gd.await_result(before, timeout=0.05).status == "busy"
+    assert gd.await_result(id_, timeout=0.05).status == "busy"  # committed: the usual answer
 
 
 @pytest.mark.django_db

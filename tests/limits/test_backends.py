@@ -8,6 +8,7 @@ from django.db import connection
 
 import gen_durable as gd
 from gen_durable.limiter.postgres import PostgresLimiter
+from gen_durable.models import Instance
 from gen_durable.limiter.redis import RedisLimiter
 from gen_durable.worker import claims
 from tests.conftest import wait_until
@@ -255,3 +256,32 @@ def test_check_and_start_up_warn_about_unconfigured_rate_limit_names(pg, queue_n
     (warning,) = check_rate_limit_names(databases=["default"])
     assert warning.id == "gen_durable.W004" and "ghost" in warning.msg
     assert check_rate_limit_names(databases=None) == []  # only with --database
+
+
+def test_an_unreachable_redis_limiter_holds_back_only_the_limited_rows(engine, settings, queue_name, events,
+                                                                        tmp_path):
+    """Redis down: rows without limits run; rows with a gate or a rate limit wait and are
+    retried; once a Redis answers on that address they run too (no restart)."""
+    import subprocess
+
+    from tests.faults.cluster import free_port
+
+    port = free_port()  # nothing listens here yet: connection refused
+    settings.GEN_DURABLE = {**settings.GEN_DURABLE, "CONCURRENCY_LIMITS": {"erp": {"limit": 2}},
+                            "RATE_LIMITS": {"api": {"allowed": 100, "period": 1}},
+                            "LIMITER": {"BACKEND": "redis", "URL": f"redis://127.0.0.1:{port}/0", "PREFIX": "gdtest-down:"}}
+    plain = insert(queue_name, 3)
+    limited = insert(queue_name, 2, concurrency_key="erp:a") + insert(queue_name, 1, rate_limit="api")
+    engine({queue_name: 4})
+    wait_until(lambda: Instance.objects.filter(id__in=plain, status="done").count() == 3, timeout=20,
+               what="the rows without limits done while the limiter is down")
+    assert set(Instance.objects.filter(id__in=limited).values_list("status", flat=True)) == {"runnable"}
+    assert any(e == "limiter.unavailable" and md["backend"] == "redis" for e, _, md in events)
+    server = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                               "--appendonly", "no", "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: Instance.objects.filter(id__in=limited, status="done").count() == 3, timeout=30,
+                   what="the limited rows done once Redis answers")
+    finally:
+        server.terminate()
+        server.wait(10)

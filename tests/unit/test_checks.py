@@ -421,6 +421,26 @@ def test_zero_flush_delay_is_accepted():
         assert checks.check_sections() == []
 
 
+def test_a_limit_name_with_a_colon_is_an_error_naming_the_name_to_use():
+    with override_settings(GEN_DURABLE={"RATE_LIMITS": {"crm:v2": {"allowed": 10, "period": 1}},
+                                        "CONCURRENCY_LIMITS": {"ocr:acme": {"limit": 2}, "ocr": {"limit": 1}}}):
+        errors = checks.check_limits()
+    assert [(e.id, e.msg, e.hint) for e in errors] == [
+        ("gen_durable.E007", "GEN_DURABLE['RATE_LIMITS'] has the name 'crm:v2', which no key can match: a limit "
+                             "name is a non-empty string without ':'.",
+         "Name it 'crm': keys '<name>' and '<name>:<anything>' (a tenant, a partition) are then governed by it."),
+        ("gen_durable.E007", "GEN_DURABLE['CONCURRENCY_LIMITS'] has the name 'ocr:acme', which no key can match: a "
+                             "limit name is a non-empty string without ':'.",
+         "Name it 'ocr': keys '<name>' and '<name>:<anything>' (a tenant, a partition) are then governed by it."),
+    ]
+    from django.core.exceptions import ImproperlyConfigured
+
+    from gen_durable.limiter.config import parse
+
+    with pytest.raises(ImproperlyConfigured, match="'ocr:acme' cannot match any key"):
+        parse({}, {"ocr:acme": {"limit": 2}})
+
+
 def test_limit_entries_reject_unknown_keys_and_bad_shards_or_burst():
     with override_settings(GEN_DURABLE={
         "RATE_LIMITS": {"api": {"allowed": 10, "period": 1, "brust": 5, "burst": -1}},
