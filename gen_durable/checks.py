@@ -446,6 +446,34 @@ def check_machine_queues(app_configs=None, **kwargs):
 
 
 @register(Tags.database)
+def check_runnable_queues(app_configs=None, databases=None, **kwargs):
+    """W006: runnable rows wait in queues GEN_DURABLE['QUEUES'] does not name (an insert with
+    a misspelt `queue=`): no worker started from these settings would run them."""
+    s = get_settings()
+    if not databases or s.DATABASE not in databases or not isinstance(s.QUEUES, dict):
+        return []
+    from django.db import DatabaseError
+
+    from . import db, sql
+
+    try:
+        queues = [r[0] for r in db.fetchall(sql.OVERVIEW_RUNNABLE_QUEUES, None)]
+    except DatabaseError:  # not migrated yet, or no server: other checks report that
+        return []
+    errors = []
+    for queue in queues:
+        if queue in s.QUEUES:
+            continue
+        close = difflib.get_close_matches(queue, list(s.QUEUES), n=1)
+        errors.append(Warning(
+            f"Runnable rows wait in queue {queue!r}, which GEN_DURABLE['QUEUES'] does not name.",
+            hint=(f"Did you mean {close[0]!r}? " if close else "")
+            + "Add it to QUEUES (or run a worker with --queue for it); rows inserted with a misspelt queue "
+              "can be cancelled from the admin.", id=ID + "W006"))
+    return errors
+
+
+@register(Tags.database)
 def check_rate_limit_names(app_configs=None, databases=None, **kwargs):
     """W004: live rows name rate limits that RATE_LIMITS does not configure (they would stall)."""
     alias = get_settings().DATABASE

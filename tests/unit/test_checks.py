@@ -524,3 +524,22 @@ def test_an_unknown_schedule_machine_suggests_a_registered_name():
         [message] = checks.check_schedules()
     assert "unknown machine 'tests.Countr'" in message.msg
     assert "did you mean 'tests.Counter'" in message.msg
+
+
+@pytest.mark.django_db
+def test_runnable_rows_in_a_queue_no_worker_is_configured_for_are_a_warning(settings):
+    import gen_durable as gd
+    from tests.durable_app.durable import Plain
+
+    settings.GEN_DURABLE = {**settings.GEN_DURABLE, "QUEUES": {"default": 4, "emails": 2}}
+    gd.insert(Plain, queue="emials")
+    gd.insert(Plain, queue="emails")
+    # (rows other tests left in their own queues may be reported too)
+    warnings = [w for w in checks.check_runnable_queues(databases=["default"]) if "'emials'" in w.msg
+                or "'emails'" in w.msg]
+    assert [(w.id, w.msg, w.hint) for w in warnings] == [
+        ("gen_durable.W006", "Runnable rows wait in queue 'emials', which GEN_DURABLE['QUEUES'] does not name.",
+         "Did you mean 'emails'? Add it to QUEUES (or run a worker with --queue for it); rows inserted with a "
+         "misspelt queue can be cancelled from the admin."),
+    ]
+    assert checks.check_runnable_queues() == []  # only with --database
