@@ -26,6 +26,10 @@ logger = logging.getLogger("gen_durable.limiter")
 ADMIT_ATTEMPTS = 3  # a racing cold mint or an overdraft fenced by the CHECK retries the admission
 
 
+class _RowsLost(Exception):
+    """Rolls an admission back: some admitted gated rows are no longer executing."""
+
+
 class PostgresLimiter(Limiter):
     name = "postgres"
     transactional = True
@@ -40,14 +44,26 @@ class PostgresLimiter(Limiter):
                         | {("rate", e.rate_key) for e in entries if e.rate is not None})
         params = {"kind": db.pg_array([k for k, _ in wanted]), "key": db.pg_array([k for _, k in wanted])}
         worker = entries[0].job.worker
+        lost: set = set()  # gated rows that left executing since their claim: never admitted
         for attempt in range(ADMIT_ATTEMPTS):
+            live = [e for e in entries if e.job.id not in lost]
+            if not live:
+                return Decision(admitted={})
             try:
                 with transaction.atomic(using=database_alias(self.using)):
                     rows = db.fetchall(sql.LIMITER_LOCK, params, self.using)
-                    decision, writes = self._plan(entries, rows, worker)
+                    decision, writes = self._plan(live, rows, worker)
                     if writes is not None:
-                        db.fetchall(sql.LIMITER_DEBIT, writes, self.using)
+                        stamped = set(db.fetchone(sql.LIMITER_DEBIT, writes, self.using)[4])
+                        gone = {i for i, s in decision.admitted.items() if s is not None} - stamped
+                        if gone:
+                            # Cancelled or reaped after the claim: their slots would be
+                            # debited with nothing to credit them. Undo, admit without them.
+                            lost |= gone
+                            raise _RowsLost
                 return decision
+            except _RowsLost:
+                continue
             except IntegrityError as exc:
                 text = str(exc)
                 if "gen_durable_buckets_kind_key_shard" in text:

@@ -8,6 +8,10 @@
 --   row-resident (available - taken). A rate shard refills first, with the same now() the
 --   lock statement saw (one transaction, one now()); a sub-epsilon negative left by float
 --   rounding is clamped to 0, anything larger is a real overdraft and violates the CHECK.
+-- Returns the counts, then the ids actually stamped: an admitted row missing from them left
+--   executing (a cancel or a reap) after its claim committed — the caller rolls this
+--   transaction back and admits again without it, so no slot is debited for a row that
+--   will never credit it.
 -- Cold shards are minted here already debited (a cold bucket admits at once):
 --   gates merge a racing mint (ON CONFLICT: available - taken; a combined overdraft violates
 --   gen_durable_buckets_available and the caller retries); rate mints cannot merge (the refill
@@ -56,4 +60,5 @@ WITH d AS (
     RETURNING g.id
 )
 SELECT (SELECT count(*) FROM debit), (SELECT count(*) FROM gate_mint),
-       (SELECT count(*) FROM rate_mint), (SELECT count(*) FROM stamp)
+       (SELECT count(*) FROM rate_mint), (SELECT count(*) FROM stamp),
+       (SELECT coalesce(array_agg(id), '{}') FROM stamp)

@@ -60,3 +60,60 @@ class Transitions(gd.Machine):
     @gd.step
     def fin(self, ctx):
         return gd.Done({"fin": True})
+
+
+def _tracked(ctx):
+    """Mark the step running in gd_test_running for state["track"], sleep state["sleep"]."""
+    track = ctx.state.get("track")
+    with connection.cursor() as cur:
+        cur.execute("INSERT INTO gd_test_running (id, tag, pid) VALUES (%s, %s, %s) "
+                    "ON CONFLICT (id) DO UPDATE SET tag = EXCLUDED.tag, pid = EXCLUDED.pid",
+                    [ctx.id, track, os.getpid()])
+    try:
+        time.sleep(ctx.state.get("sleep", 0))
+    finally:
+        with connection.cursor() as cur:
+            cur.execute("DELETE FROM gd_test_running WHERE id = %s", [ctx.id])
+
+
+class KeyHopper(gd.Machine):
+    """Moves between keys of one gate name: a (pdf:a|pdf:b) → b (the other key) → c (no
+    key) → d ("pdf") → Await (timeout) → e → f (inline, key kept; retried once).
+    Every gated step is tracked in gd_test_running under state["track"]; c is not."""
+
+    name = "tests.KeyHopper"
+    initial = "a"
+    inline_execution = True
+
+    @gd.step
+    def a(self, ctx):
+        _tracked(ctx)
+        other = "pdf:b" if ctx.state["first"] == "pdf:a" else "pdf:a"
+        return gd.Next("b", concurrency_key=other)
+
+    @gd.step
+    def b(self, ctx):
+        _tracked(ctx)
+        return gd.Next("c", concurrency_key=None)
+
+    @gd.step
+    def c(self, ctx):
+        time.sleep(ctx.state.get("sleep", 0))
+        return gd.Next("d", concurrency_key="pdf")
+
+    @gd.step
+    def d(self, ctx):
+        _tracked(ctx)
+        return gd.Await("wake", next="e", timeout=0.1)
+
+    @gd.step
+    def e(self, ctx):
+        _tracked(ctx)
+        return gd.Next("f")
+
+    @gd.step
+    def f(self, ctx):
+        _tracked(ctx)
+        if ctx.attempt == 0:
+            return gd.Retry(delay=0.05)
+        return gd.Done({})

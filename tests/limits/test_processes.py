@@ -16,7 +16,7 @@ from django.db import connection
 
 import gen_durable as gd
 from tests.conftest import wait_until
-from tests.durable_app.limit_machines import Gated
+from tests.durable_app.limit_machines import Gated, KeyHopper
 from tests.integration.test_rundurable import MANAGE, ROOT, child_env
 
 from .conftest import REDIS_URL, redis_client
@@ -151,3 +151,61 @@ def test_after_kill_9_the_counters_come_back_within_a_lease_and_a_gc_interval(
         if sampler.is_alive():
             sampler.join(10)
     assert sampler.peak <= 3
+
+
+def gate_counters_full(backend, cfg):
+    """Postgres: every conc bucket full (or swept); Redis: no member left in any gate set."""
+    if backend == "postgres":
+        with connection.cursor() as cur:
+            cur.execute("SELECT key, shard, capacity, available FROM gen_durable_buckets WHERE kind = 'conc' "
+                        "AND (key = 'pdf' OR key LIKE 'pdf:%%') ORDER BY key, shard")
+            rows = cur.fetchall()
+        return all(c == a for _, _, c, a in rows) and all(k == "pdf" for k, *_ in rows), rows
+    client = redis_client()
+    prefix = cfg["LIMITER"]["PREFIX"] + "conc:"
+    sets = {k.decode(): client.zcard(k) for k in client.scan_iter(match=prefix + "*")}
+    return all(n == 0 for n in sets.values()), sets
+
+
+def test_key_hopping_cancel_and_kill_9_across_two_processes_keep_the_name_gate(
+        side_table, limiter_settings, backend, queue_name):
+    """Rows move between `pdf:a`, `pdf:b`, no key and `pdf` (one name: 3 slots), park,
+    continue inline, retry; some are cancelled and one worker is killed mid-step. Never
+    more than 3 gated steps at once, and every counter comes back full."""
+    tag = queue_name
+    ids = gd.insert_all([gd.Spec(KeyHopper, queue=queue_name, concurrency_key=("pdf:a", "pdf:b")[i % 2],
+                                 state={"track": tag, "sleep": 0.03, "first": ("pdf:a", "pdf:b")[i % 2]})
+                         for i in range(40)])
+    sampler = Sampler(tag)
+    procs = start_workers(queue_name, limiter_settings)
+    sampler.start()
+    try:
+        def victim():
+            with connection.cursor() as cur:
+                cur.execute("SELECT pid FROM gd_test_running WHERE tag = %s", [tag])
+                pids = {r[0] for r in cur.fetchall()}
+            return next((p for p in procs if p.pid in pids), None)
+
+        proc = wait_until(victim, timeout=60, what="a worker running a gated step")
+        for i in ids[::7]:
+            gd.cancel(i)
+        sampler.ignore_pid = proc.pid
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+        def settled():
+            with connection.cursor() as cur:
+                cur.execute("SELECT count(*) FROM gen_durable WHERE id = ANY(%s) AND status IN ('done', 'failed')",
+                            [ids])
+                return cur.fetchone()[0] == len(ids)
+        wait_until(settled, timeout=120, interval=0.1, what="every row done or cancelled")
+        wait_until(lambda: gate_counters_full(backend, limiter_settings)[0], timeout=10,
+                   what="gate counters full again")
+    finally:
+        sampler.stop.set()
+        stop_workers(procs)
+        if sampler.is_alive():
+            sampler.join(10)
+    assert sampler.samples > 50
+    assert 1 < sampler.peak <= 3
+    assert done_count(ids) > 0

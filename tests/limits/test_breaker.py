@@ -1,0 +1,32 @@
+"""Adversarial review of the configured limits: races and inputs that once leaked a slot
+or were accepted and ignored (docs/guide.md, "Limits")."""
+
+import pytest
+
+import gen_durable as gd
+from gen_durable.worker import claims
+from tests.durable_app.durable import Plain
+
+from .conftest import buckets
+
+pytestmark = pytest.mark.django_db
+
+WORKER = "breaker-worker"
+
+
+def test_a_row_cancelled_between_its_claim_and_its_admission_takes_no_slot(settings, queue_name):
+    """Postgres: the claim commits, then the admission debits in its own transaction. A
+    cancel that lands in between takes the row out of executing with no slot to credit
+    (shard -1); the admission must not debit a slot the row will never give back — the
+    counter would stay short until a GC sweep (never, with --no-gc)."""
+    settings.GEN_DURABLE = {**settings.GEN_DURABLE, "CONCURRENCY_LIMITS": {"pdf": {"limit": 2}}}
+    from gen_durable.limiter import get_limiter
+
+    limiter = get_limiter()
+    a, b = gd.insert_all([gd.Spec(Plain, queue=queue_name, concurrency_key=k) for k in ("pdf:a", "pdf:b")])
+    jobs = claims.pick(queue_name, 10, WORKER, 60, gates=limiter.gate_names())  # claimed, not admitted
+    assert sorted(j.id for j in jobs) == [a, b]
+    gd.cancel(a)  # lands between the claim and the admission
+    adm = limiter.admit(sorted(jobs, key=lambda j: j.id), queue_name)
+    assert a not in adm.admitted and b in adm.admitted, "a row no longer ours is not admitted"
+    assert buckets() == [("pdf", 0, 2.0, 1.0)], "only the row still executing holds a slot"
