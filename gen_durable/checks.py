@@ -15,6 +15,7 @@ from django.core.checks import Error, Tags, Warning, register
 from django.utils.module_loading import import_string
 
 from .conf import DEFAULTS, get_settings, user_settings
+from .limiter.config import MAX_GATE_LIMIT, valid_limit_name
 
 ID = "gen_durable."
 
@@ -336,21 +337,24 @@ def _limit_extras(section, name, cfg, keys):
     return errors
 
 
+def _limit_name(section, name):
+    """A limit name is matched against the part of a key before its first ':' — a name
+    with a ':', or not a non-empty str, would never match a row (silently no limit)."""
+    if valid_limit_name(name):
+        return []
+    return [Error(f"GEN_DURABLE['{section}'][{name!r}] is not a valid name: a non-empty str without ':'.",
+                  hint=(f"Name it {name.split(':', 1)[0]!r}: " if isinstance(name, str) and name.split(":", 1)[0] else "")
+                  + "keys 'name' and 'name:<anything>' fall under the limit 'name' (docs/guide.md, Limits).",
+                  id=ID + "E007")]
+
+
 @register(Tags.compatibility)
 def check_limits(app_configs=None, **kwargs):
     """E007: RATE_LIMITS and CONCURRENCY_LIMITS entries."""
     s = get_settings()
     errors = []
-    for key in ("RATE_LIMITS", "CONCURRENCY_LIMITS"):
-        section = getattr(s, key)
-        for name in section if isinstance(section, dict) else ():
-            if not isinstance(name, str) or not name or ":" in name:
-                # A row's key is matched by the part before its first ':' (docs/guide.md, "Limits").
-                errors.append(Error(f"GEN_DURABLE['{key}'] has the name {name!r}, which no key can match: a limit "
-                                    "name is a non-empty string without ':'.",
-                                    hint=f"Name it {str(name).split(':', 1)[0]!r}: keys '<name>' and '<name>:<anything>' "
-                                         "(a tenant, a partition) are then governed by it.", id=ID + "E007"))
     for name, cfg in (s.RATE_LIMITS or {}).items() if isinstance(s.RATE_LIMITS, dict) else ():
+        errors += _limit_name("RATE_LIMITS", name)
         if not isinstance(cfg, dict) or not _num(cfg.get("allowed"), minimum=0) or not _num(cfg.get("period"), positive=True):
             errors.append(Error(f"GEN_DURABLE['RATE_LIMITS'][{name!r}] needs 'allowed' (>= 0) and 'period' (seconds > 0).",
                                 hint='For example {"allowed": 100, "period": 60}.', id=ID + "E007"))
@@ -360,11 +364,20 @@ def check_limits(app_configs=None, **kwargs):
             errors.append(Error(f"GEN_DURABLE['RATE_LIMITS'][{name!r}]['burst'] must be a number >= 0.",
                                 hint="Tokens a cold bucket holds; default: allowed.", id=ID + "E007"))
     for name, cfg in (s.CONCURRENCY_LIMITS or {}).items() if isinstance(s.CONCURRENCY_LIMITS, dict) else ():
+        errors += _limit_name("CONCURRENCY_LIMITS", name)
         if not isinstance(cfg, dict) or not _int(cfg.get("limit"), minimum=1):
             errors.append(Error(f"GEN_DURABLE['CONCURRENCY_LIMITS'][{name!r}] needs 'limit', a positive int.",
                                 hint='For example {"limit": 5}.', id=ID + "E007"))
             continue
+        if cfg["limit"] > MAX_GATE_LIMIT:
+            errors.append(Error(f"GEN_DURABLE['CONCURRENCY_LIMITS'][{name!r}]['limit'] exceeds 2**53.",
+                                hint="Gate counters are float8 (exact integers up to 2**53).", id=ID + "E007"))
+            continue
         errors += _limit_extras("CONCURRENCY_LIMITS", name, cfg, ("limit", "shards", "retry", "per"))
+        if _int(cfg.get("shards"), minimum=1) and cfg["shards"] > cfg["limit"]:
+            errors.append(Error(f"GEN_DURABLE['CONCURRENCY_LIMITS'][{name!r}]['shards'] ({cfg['shards']}) exceeds "
+                                f"its 'limit' ({cfg['limit']}): a shard needs at least one slot.",
+                                hint="Use at most `limit` shards.", id=ID + "E007"))
         if "per" in cfg and cfg["per"] not in ("name", "key"):
             errors.append(Error(f"GEN_DURABLE['CONCURRENCY_LIMITS'][{name!r}]['per'] must be 'name' or 'key', "
                                 f"not {cfg['per']!r}.",

@@ -13,6 +13,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from ..conf import get_settings
 
+MAX_GATE_LIMIT = 2**53  # counters are float8: exact integers up to here
 DEFAULT_GATE_RETRY = 0.25  # seconds: a denied gated row is re-offered after this, spaced per `limit` rows
 
 
@@ -94,6 +95,11 @@ class Limits:
         return "; ".join(parts) or "none"
 
 
+def valid_limit_name(name) -> bool:
+    """A limit name matches keys `name` and `name:<anything>`: a non-empty str without ':'."""
+    return isinstance(name, str) and bool(name) and ":" not in name
+
+
 def name_of(key: str) -> str:
     """The limit name of a key: the part before the first ':'."""
     return key.split(":", 1)[0]
@@ -106,20 +112,24 @@ def parse(rate_limits: dict, concurrency_limits: dict) -> Limits:
     gen_durable.E007 reports the details; `rundurable` never starts with one).
     """
     rates, gates = {}, {}
-    for name in [*(rate_limits or {}), *(concurrency_limits or {})]:
-        if not isinstance(name, str) or not name or ":" in name:
-            raise ImproperlyConfigured(f"limit name {name!r} cannot match any key (a name has no ':'); "
-                                       "run `manage.py check` for details")
     try:
         for name, cfg in (rate_limits or {}).items():
             where = f"GEN_DURABLE['RATE_LIMITS'][{name!r}]"
+            if not valid_limit_name(name):
+                raise ValueError("a limit name is a non-empty str without ':'")
             allowed, period = float(cfg["allowed"]), float(cfg["period"])
             burst = float(cfg.get("burst", allowed))
             rates[name] = RateLimit(name=name, rate=allowed / period, burst=burst, shards=int(cfg.get("shards", 1)))
         for name, cfg in (concurrency_limits or {}).items():
             where = f"GEN_DURABLE['CONCURRENCY_LIMITS'][{name!r}]"
+            if not valid_limit_name(name):
+                raise ValueError("a limit name is a non-empty str without ':'")
             limit = int(cfg["limit"])
-            shards = max(1, min(int(cfg.get("shards", 1)), limit))
+            shards = int(cfg.get("shards", 1))
+            if not 1 <= limit <= MAX_GATE_LIMIT:
+                raise ValueError(f"'limit' must be 1..2**53, not {limit}")
+            if not 1 <= shards <= limit:
+                raise ValueError(f"'shards' must be 1..limit ({limit}), not {shards}")
             per = cfg.get("per", "name")
             if per not in GATE_SCOPES:
                 raise ValueError(f"'per' must be one of {GATE_SCOPES}, not {per!r}")

@@ -421,26 +421,6 @@ def test_zero_flush_delay_is_accepted():
         assert checks.check_sections() == []
 
 
-def test_a_limit_name_with_a_colon_is_an_error_naming_the_name_to_use():
-    with override_settings(GEN_DURABLE={"RATE_LIMITS": {"crm:v2": {"allowed": 10, "period": 1}},
-                                        "CONCURRENCY_LIMITS": {"ocr:acme": {"limit": 2}, "ocr": {"limit": 1}}}):
-        errors = checks.check_limits()
-    assert [(e.id, e.msg, e.hint) for e in errors] == [
-        ("gen_durable.E007", "GEN_DURABLE['RATE_LIMITS'] has the name 'crm:v2', which no key can match: a limit "
-                             "name is a non-empty string without ':'.",
-         "Name it 'crm': keys '<name>' and '<name>:<anything>' (a tenant, a partition) are then governed by it."),
-        ("gen_durable.E007", "GEN_DURABLE['CONCURRENCY_LIMITS'] has the name 'ocr:acme', which no key can match: a "
-                             "limit name is a non-empty string without ':'.",
-         "Name it 'ocr': keys '<name>' and '<name>:<anything>' (a tenant, a partition) are then governed by it."),
-    ]
-    from django.core.exceptions import ImproperlyConfigured
-
-    from gen_durable.limiter.config import parse
-
-    with pytest.raises(ImproperlyConfigured, match="'ocr:acme' cannot match any key"):
-        parse({}, {"ocr:acme": {"limit": 2}})
-
-
 def test_limit_entries_reject_unknown_keys_and_bad_shards_or_burst():
     with override_settings(GEN_DURABLE={
         "RATE_LIMITS": {"api": {"allowed": 10, "period": 1, "brust": 5, "burst": -1}},
@@ -543,3 +523,27 @@ def test_runnable_rows_in_a_queue_no_worker_is_configured_for_are_a_warning(sett
          "misspelt queue can be cancelled from the admin."),
     ]
     assert checks.check_runnable_queues() == []  # only with --database
+
+
+@pytest.mark.parametrize("overrides, needle", [
+    ({"CONCURRENCY_LIMITS": {"pdf:a": {"limit": 2}}}, "CONCURRENCY_LIMITS']['pdf:a'] is not a valid name"),
+    ({"RATE_LIMITS": {"api:x": {"allowed": 1, "period": 1}}}, "RATE_LIMITS']['api:x'] is not a valid name"),
+    ({"CONCURRENCY_LIMITS": {"": {"limit": 2}}}, "CONCURRENCY_LIMITS'][''] is not a valid name"),
+    ({"CONCURRENCY_LIMITS": {5: {"limit": 2}}}, "CONCURRENCY_LIMITS'][5] is not a valid name"),
+    ({"CONCURRENCY_LIMITS": {"pdf": {"limit": 2, "shards": 5}}}, "['shards'] (5) exceeds its 'limit' (2)"),
+    ({"CONCURRENCY_LIMITS": {"pdf": {"limit": 2**53 + 1}}}, "['limit'] exceeds 2**53"),
+], ids=["gate-colon", "rate-colon", "gate-empty", "gate-int", "shards-above-limit", "limit-huge"])
+def test_limits_that_could_never_apply_are_rejected(overrides, needle):
+    """A name is matched against the part of a key before its first ':' — a name with a
+    ':' (or not a non-empty str) never matches a row, so its limit was silently ignored;
+    a gate's shards beyond its limit were silently clamped; a limit the float8 counters
+    cannot hold crashed the admission."""
+    from gen_durable.limiter.config import parse
+    from django.core.exceptions import ImproperlyConfigured
+
+    with override_settings(GEN_DURABLE=overrides):
+        messages = checks.check_limits()
+    assert [m.id for m in messages] == ["gen_durable.E007"]
+    assert needle in messages[0].msg
+    with pytest.raises(ImproperlyConfigured):
+        parse(overrides.get("RATE_LIMITS"), overrides.get("CONCURRENCY_LIMITS"))

@@ -30,3 +30,19 @@ def test_a_row_cancelled_between_its_claim_and_its_admission_takes_no_slot(setti
     adm = limiter.admit(sorted(jobs, key=lambda j: j.id), queue_name)
     assert a not in adm.admitted and b in adm.admitted, "a row no longer ours is not admitted"
     assert buckets() == [("pdf", 0, 2.0, 1.0)], "only the row still executing holds a slot"
+
+
+
+def test_a_gate_limit_beyond_the_float8_counters_is_a_check_error_not_a_crash_at_admission(configure, queue_name):
+    """A limit Postgres counters (float8) cannot hold once passed E007 and raised
+    OverflowError out of every pick of the queue."""
+    from django.test import override_settings
+
+    from gen_durable import checks
+
+    huge = {"pdf": {"limit": 10**400}}
+    with override_settings(GEN_DURABLE={"CONCURRENCY_LIMITS": huge}):
+        assert [m.id for m in checks.check_limits()] == ["gen_durable.E007"]
+    limiter = configure(gates={"pdf": {"limit": 2**53}})  # the largest accepted: admits
+    gd.insert_all([gd.Spec(Plain, queue=queue_name, concurrency_key="pdf:a")])
+    assert len(claims.pick(queue_name, 10, WORKER, 60, gates=limiter.gate_names(), limiter=limiter)) == 1
