@@ -300,7 +300,7 @@ def cancel(target, reason: str = "cancelled", *, using=None) -> int:
         row = db.fetchone(sql.CANCEL, params, using)
         if row is None:
             raise NoTarget(target)
-        slot = limiter.slot_for(row[0], row[3], row[4])
+        slot = limiter.slot_for(row[0], row[3], row[4], row[5])
         if slot is not None and limiter.transactional:
             limiter.credit([slot])
     if slot is not None and not limiter.transactional:

@@ -216,8 +216,9 @@ class Limiter:
                                {"key": key, "queue": queue})
 
     # --- the rest of the interface ------------------------------------------------
-    def slot_for(self, id_: int, key: str | None, shard: int | None):
-        """The slot a row holds, from its id, concurrency_key and concurrency_shard (None: none)."""
+    def slot_for(self, id_: int, key: str | None, shard: int | None, worker: str | None = None):
+        """The slot a row holds, from its id, concurrency_key, concurrency_shard and claimant
+        (`locked_by` as the row was taken out of executing); None: none."""
         return None
 
     def credit(self, slots) -> None:

@@ -161,7 +161,7 @@ class PostgresLimiter(Limiter):
         return decision, params
 
     # --- slots ---------------------------------------------------------------------
-    def slot_for(self, id_, key, shard):
+    def slot_for(self, id_, key, shard, worker=None):
         if key is None or shard is None or shard < 0:
             return None
         return (self.limits.gate_bucket(key), shard)

@@ -3,11 +3,17 @@
 Admission of a batch is one round-trip: a server-side Lua script decides and debits
 atomically, with the Redis server's clock. Keys (all under PREFIX):
   <prefix>conc:<key>  a sorted set per gate counter (the gate's name, or the row's key
-                      when the gate is per="key"): member = row id, score = lease expiry
-                      (ms). Admission first drops expired members, so the slots of a
-                      dead worker free themselves after one lease; the heartbeat renews
-                      the scores of the slots a worker holds (`renew`), and credit removes
-                      the member. The set expires a lease after its last write.
+                      when the gate is per="key"): member = "<row id>@<worker>#<n>" (one
+                      per admission), score = lease expiry (ms). Admission first drops
+                      expired members, so the slots of a dead worker free themselves after
+                      one lease; the heartbeat renews the scores of the slots a worker holds
+                      (`renew`), and credit removes the member. The set expires a lease
+                      after its last write.
+Credits land after the outcome commits, so the row may already be claimed and admitted
+again (by another worker, or this one) when the credit arrives: a member names its
+admission, never just the row, so a late credit removes only the slot it gives back. A
+reap, cancel or reclaim knows the row's claimant, not the admission: its credit removes
+every member "<row id>@<claimant>#…" (the claimant's holdings of that row, all ended).
   <prefix>rate:<key>  a hash {tokens, stamp} per rate key; a missing hash is a full
                       bucket. It expires once it would have refilled (burst / rate + 1 s);
                       a zero-rate bucket never refills and never expires.
@@ -16,6 +22,8 @@ Configuration (limits, burst, rates) comes from the worker's settings with each 
 """
 
 from __future__ import annotations
+
+import itertools
 
 import redis as redis_py  # the `redis` extra
 
@@ -87,6 +95,21 @@ end
 return out
 """
 
+CREDIT = r"""
+local removed = 0
+for i = 1, #KEYS do
+  local m = ARGV[i]
+  if string.sub(m, -1) == '#' then
+    for _, x in ipairs(redis.call('ZRANGE', KEYS[i], 0, -1)) do
+      if string.sub(x, 1, #m) == m then removed = removed + redis.call('ZREM', KEYS[i], x) end
+    end
+  else
+    removed = removed + redis.call('ZREM', KEYS[i], m)
+  end
+end
+return removed
+"""
+
 RENEW = r"""
 local lease = tonumber(ARGV[1])
 local t = redis.call('TIME')
@@ -114,6 +137,8 @@ class RedisLimiter(Limiter):
         self.lease_ms = int(lease_ttl * 1000)
         self._admit = self.client.register_script(ADMIT)
         self._renew = self.client.register_script(RENEW)
+        self._credit = self.client.register_script(CREDIT)
+        self._seq = itertools.count(1)  # admissions of this process: members never repeat
 
     def gate_key(self, key: str) -> str:
         return f"{self.prefix}conc:{key}"
@@ -133,28 +158,28 @@ class RedisLimiter(Limiter):
         for k in rates:
             args += [repr(float(rate_cfg[k].burst)), repr(float(rate_cfg[k].rate))]
         args.append(len(entries))
+        members = {e.job.id: f"{e.job.id}@{e.job.worker}#{next(self._seq)}" for e in entries}
         for e in entries:
-            args += [e.job.id, gi.get(e.gate_key, 0) if e.gate else 0, ri.get(e.rate_key, 0) if e.rate else 0,
-                     repr(float(e.weight))]
+            args += [members[e.job.id], gi.get(e.gate_key, 0) if e.gate else 0,
+                     ri.get(e.rate_key, 0) if e.rate else 0, repr(float(e.weight))]
         out = self._admit(keys=[self.gate_key(k) for k in gates] + [self.rate_key(k) for k in rates], args=args)
         flags, left = out[:len(entries)], out[len(entries):]
-        admitted = {e.job.id: ((e.gate_key, e.job.id) if e.gate is not None else None)
+        admitted = {e.job.id: ((e.gate_key, members[e.job.id]) if e.gate is not None else None)
                     for e, ok in zip(entries, flags) if int(ok)}
         tokens = {k: float(v) for k, v in zip(rates, left)}
         return Decision(admitted=admitted, tokens_left=tokens)
 
-    def slot_for(self, id_, key, shard):
-        return (self.limits.gate_bucket(key), id_) if key is not None and shard is not None else None
+    def slot_for(self, id_, key, shard, worker=None):
+        """Every admission of row `id_` by `worker` (a member prefix; see the module docstring)."""
+        if key is None or shard is None:
+            return None
+        return (self.limits.gate_bucket(key), f"{id_}@{worker}#")
 
     def credit(self, slots) -> None:
-        """Remove the slots' members: one round-trip (a pipeline) for any number."""
+        """Remove the slots' members: one round-trip (a script) for any number."""
         slots = sorted(s for s in slots if s is not None)
-        if not slots:
-            return
-        pipe = self.client.pipeline(transaction=False)
-        for key, id_ in slots:
-            pipe.zrem(self.gate_key(key), id_)
-        pipe.execute()
+        if slots:
+            self._credit(keys=[self.gate_key(k) for k, _ in slots], args=[m for _, m in slots])
 
     def renew(self, slots) -> None:
         """Raise held slots' expiry to now + lease (never lower): one round-trip."""

@@ -3,10 +3,10 @@
 -- A running step's late outcome is dropped by the flush guard (locked_by is cleared).
 -- Like any terminal outcome it clears the inbox and counts off a joining parent
 -- (waking it at zero, with a notification).
--- Returns the concurrency key and shard the row held, read under its lock (the latest
+-- Returns the concurrency key, shard and claimant the row held, read under its lock (the latest
 -- version), so the caller credits a held gate slot exactly once.
 WITH target AS (
-    SELECT id, concurrency_key, concurrency_shard FROM gen_durable
+    SELECT id, concurrency_key, concurrency_shard, locked_by FROM gen_durable
     WHERE (id = %(id)s::bigint OR correlation_guard = %(key)s::text)
       AND status NOT IN ('done', 'failed')
     LIMIT 1
@@ -18,7 +18,7 @@ WITH target AS (
         await_deadline = NULL, updated_at = now()
     FROM target t
     WHERE g.id = t.id AND g.status NOT IN ('done', 'failed')
-    RETURNING g.id, g.parent_id, t.concurrency_key, t.concurrency_shard
+    RETURNING g.id, g.parent_id, t.concurrency_key, t.concurrency_shard, t.locked_by
 ), purged AS (
     DELETE FROM gen_durable_signals s USING upd WHERE s.target_id = upd.id RETURNING s.id
 ), parent AS (
@@ -36,5 +36,5 @@ WITH target AS (
 SELECT upd.id,
        (SELECT count(pg_notify('gen_durable', parent.queue)) FROM parent WHERE parent.status = 'runnable'),
        (SELECT pg_notify('gen_durable_result', upd.id::text)) IS NULL,
-       upd.concurrency_key, upd.concurrency_shard
+       upd.concurrency_key, upd.concurrency_shard, upd.locked_by
 FROM upd

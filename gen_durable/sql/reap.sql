@@ -7,10 +7,10 @@
 -- Index: gen_durable_lease (lease_expires_at) WHERE status = 'executing' — cost tracks
 --   the expired set, not the table. Locks: id order, SKIP LOCKED (several reapers may
 --   run at once; no leader election). Reaped queues are notified on commit.
--- Returns the key and shard each row held (the locked version), so the caller credits
---   the gate slot in the same transaction.
+-- Returns the key, shard and claimant each row held (the locked version), so the caller
+--   credits the gate slot in the same transaction (Redis: the claimant's slot only).
 WITH expired AS (
-    SELECT id, concurrency_key, concurrency_shard,
+    SELECT id, concurrency_key, concurrency_shard, locked_by,
            CASE WHEN correlation_guard IS NULL AND 'runnable' = ANY (correlation_scope)
                 THEN correlation_key END AS entering_key
     FROM gen_durable
@@ -50,8 +50,8 @@ WITH expired AS (
                                         || 'outcome (the worker died or stalled)'))) END
     FROM expired_first expired
     WHERE g.id = expired.id
-    RETURNING g.id, g.queue, expired.concurrency_key, expired.concurrency_shard
+    RETURNING g.id, g.queue, expired.concurrency_key, expired.concurrency_shard, expired.locked_by
 ), wake AS (
     SELECT pg_notify('gen_durable', queue) FROM (SELECT DISTINCT queue FROM upd) q
 )
-SELECT upd.id, upd.queue, upd.concurrency_key, upd.concurrency_shard FROM upd CROSS JOIN (SELECT count(*) FROM wake) w
+SELECT upd.id, upd.queue, upd.concurrency_key, upd.concurrency_shard, upd.locked_by FROM upd CROSS JOIN (SELECT count(*) FROM wake) w

@@ -11,7 +11,7 @@
 -- starts_with() is a literal prefix test (LIKE would treat percent signs and underscores in names as patterns).
 -- Index: gen_durable_lease. Locks: id order, SKIP LOCKED.
 WITH stale AS (
-    SELECT id, concurrency_key, concurrency_shard,
+    SELECT id, concurrency_key, concurrency_shard, locked_by,
            CASE WHEN correlation_guard IS NULL AND 'runnable' = ANY (correlation_scope)
                 THEN correlation_key END AS entering_key
     FROM gen_durable
@@ -43,4 +43,4 @@ SET status = 'runnable', locked_by = NULL, lease_expires_at = NULL,
     updated_at = now()
 FROM stale_first stale
 WHERE g.id = stale.id
-RETURNING g.id, stale.concurrency_key, stale.concurrency_shard
+RETURNING g.id, stale.concurrency_key, stale.concurrency_shard, stale.locked_by

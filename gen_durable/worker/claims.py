@@ -237,7 +237,7 @@ def reclaim(queue: str, prefix: str, margin: float, using=None, limiter=None) ->
     with transaction.atomic(using=database_alias(using)) if transactional else nullcontext():
         rows = db.fetchall(sql.RECLAIM, params, using)
         if limiter is not None:
-            limiter.credit([limiter.slot_for(r[0], r[1], r[2]) for r in rows])
+            limiter.credit([limiter.slot_for(r[0], r[1], r[2], r[3]) for r in rows])
     return [r[0] for r in rows]
 
 
@@ -254,6 +254,6 @@ def abandon(ids, worker: str, drain: float, using=None, limiter=None) -> list[in
     with transaction.atomic(using=database_alias(using)) if transactional else nullcontext():
         rows = db.fetchall(sql.ABANDON, params, using)
         if limiter is not None:
-            limiter.credit([limiter.slot_for(r[0], r[2], r[3]) for r in rows])
+            limiter.credit([limiter.slot_for(r[0], r[2], r[3], worker) for r in rows])
     return [r[0] for r in rows]
 

@@ -38,10 +38,10 @@ def reap(using=None, limiter=None) -> list[int]:
         if limiter.transactional:
             with transaction.atomic(using=database_alias(using)):
                 rows = db.fetchall(sql.REAP, {"limit": REAP_BATCH}, using)
-                limiter.credit([limiter.slot_for(r[0], r[2], r[3]) for r in rows])
+                limiter.credit([limiter.slot_for(r[0], r[2], r[3], r[4]) for r in rows])
         else:
             rows = db.fetchall(sql.REAP, {"limit": REAP_BATCH}, using)
-            limiter.credit([limiter.slot_for(r[0], r[2], r[3]) for r in rows])
+            limiter.credit([limiter.slot_for(r[0], r[2], r[3], r[4]) for r in rows])
         reaped += [r[0] for r in rows]
         if len(rows) < REAP_BATCH:
             break

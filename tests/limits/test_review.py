@@ -46,3 +46,49 @@ def test_a_gate_limit_beyond_the_float8_counters_is_a_check_error_not_a_crash_at
     limiter = configure(gates={"pdf": {"limit": 2**53}})  # the largest accepted: admits
     gd.insert_all([gd.Spec(Plain, queue=queue_name, concurrency_key="pdf:a")])
     assert len(claims.pick(queue_name, 10, WORKER, 60, gates=limiter.gate_names(), limiter=limiter)) == 1
+
+
+def test_redis_a_credit_after_the_commit_never_frees_the_slot_of_the_rows_next_holder(settings, queue_name):
+    """Redis credits after the outcome commits. In between, another worker can pick the
+    same row (a Next back into the gate) and admit it: the late credit must remove only
+    the finished step's slot, not the new holder's, or the gate admits limit + 1."""
+    from gen_durable.limiter.redis import RedisLimiter
+    from gen_durable.outcomes import Next
+    from gen_durable.worker import executor
+    from gen_durable.worker.flusher import flush
+
+    from .conftest import REDIS_URL, collapse, redis_client
+    from tests.durable_app.limit_machines import Transitions
+
+    prefix = f"gdtest:{queue_name}:"
+    settings.GEN_DURABLE = {**settings.GEN_DURABLE, "CONCURRENCY_LIMITS": {"pdf": {"limit": 2}}}
+    limiter = RedisLimiter(REDIS_URL, prefix=prefix)
+    try:
+        x = gd.insert(Transitions, queue=queue_name, concurrency_key="pdf:a", state={"do": "x"})
+
+        def pick(worker, n):
+            collapse(queue_name)
+            return claims.pick(queue_name, n, worker, 60, gates=limiter.gate_names(), limiter=limiter)
+
+        (first,) = pick("w1", 1)
+        assert first.id == x
+        again = []
+        credit = limiter.credit
+
+        def late_credit(slots):  # w2 picks the row between w1's commit and w1's credit
+            again.extend(pick("w2", 1))
+            credit(slots)
+
+        limiter.credit = late_credit
+        entry = executor.to_entry(Next("go"), Transitions, first, consumed=(), presented=())
+        flush([entry], limiter=limiter)
+        limiter.credit = credit
+        assert [j.id for j in again] == [x], "w2 holds the row again, with a slot"
+        gd.insert_all([gd.Spec(Transitions, queue=queue_name, concurrency_key=k, state={"do": "x"})
+                       for k in ("pdf:b", "pdf")])
+        more = pick("w3", 5)
+        assert len(more) == 1, f"limit 2: w2's row and one more, not {[j.id for j in more]}"
+    finally:
+        keys = list(redis_client().scan_iter(match=prefix + "*"))
+        if keys:
+            redis_client().delete(*keys)
