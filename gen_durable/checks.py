@@ -360,6 +360,10 @@ def check_limits(app_configs=None, **kwargs):
                                 hint='For example {"allowed": 100, "period": 60}.', id=ID + "E007"))
             continue
         errors += _limit_extras("RATE_LIMITS", name, cfg, ("allowed", "period", "burst", "shards"))
+        infinite = [k for k in ("allowed", "period", "burst") if _num(cfg.get(k)) and not math.isfinite(cfg[k])]
+        if infinite:
+            errors.append(Error(f"GEN_DURABLE['RATE_LIMITS'][{name!r}]: {', '.join(infinite)} must be finite.",
+                                hint="A bucket's tokens and refill are finite numbers.", id=ID + "E007"))
         if "burst" in cfg and not _num(cfg["burst"], minimum=0):
             errors.append(Error(f"GEN_DURABLE['RATE_LIMITS'][{name!r}]['burst'] must be a number >= 0.",
                                 hint="Tokens a cold bucket holds; default: allowed.", id=ID + "E007"))

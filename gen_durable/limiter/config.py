@@ -119,6 +119,8 @@ def parse(rate_limits: dict, concurrency_limits: dict) -> Limits:
                 raise ValueError("a limit name is a non-empty str without ':'")
             allowed, period = float(cfg["allowed"]), float(cfg["period"])
             burst = float(cfg.get("burst", allowed))
+            if not all(map(finite, (allowed, period, burst))):
+                raise ValueError("'allowed', 'period' and 'burst' must be finite")
             rates[name] = RateLimit(name=name, rate=allowed / period, burst=burst, shards=int(cfg.get("shards", 1)))
         for name, cfg in (concurrency_limits or {}).items():
             where = f"GEN_DURABLE['CONCURRENCY_LIMITS'][{name!r}]"

@@ -532,12 +532,16 @@ def test_runnable_rows_in_a_queue_no_worker_is_configured_for_are_a_warning(sett
     ({"CONCURRENCY_LIMITS": {5: {"limit": 2}}}, "CONCURRENCY_LIMITS'][5] is not a valid name"),
     ({"CONCURRENCY_LIMITS": {"pdf": {"limit": 2, "shards": 5}}}, "['shards'] (5) exceeds its 'limit' (2)"),
     ({"CONCURRENCY_LIMITS": {"pdf": {"limit": 2**53 + 1}}}, "['limit'] exceeds 2**53"),
-], ids=["gate-colon", "rate-colon", "gate-empty", "gate-int", "shards-above-limit", "limit-huge"])
+    ({"RATE_LIMITS": {"a": {"allowed": float("inf"), "period": 1}}}, "['a']: allowed must be finite"),
+    ({"RATE_LIMITS": {"a": {"allowed": 5, "period": 1, "burst": float("inf")}}}, "['a']: burst must be finite"),
+], ids=["gate-colon", "rate-colon", "gate-empty", "gate-int", "shards-above-limit", "limit-huge",
+        "allowed-inf", "burst-inf"])
 def test_limits_that_could_never_apply_are_rejected(overrides, needle):
     """A name is matched against the part of a key before its first ':' — a name with a
     ':' (or not a non-empty str) never matches a row, so its limit was silently ignored;
     a gate's shards beyond its limit were silently clamped; a limit the float8 counters
-    cannot hold crashed the admission."""
+    cannot hold crashed the admission; an infinite rate or burst crashed every Redis
+    admission (the bucket's expiry is burst / rate)."""
     from gen_durable.limiter.config import parse
     from django.core.exceptions import ImproperlyConfigured
 
