@@ -208,10 +208,10 @@ class Scheduler:
             return sorted(({j.id for j in self.buffer} | set(self.in_flight)) - over)
 
     def held_slots(self) -> list:
-        """Gate slots of the rows this scheduler holds (buffered or running)."""
+        """(id, gate slot) of the rows this scheduler holds (buffered or running)."""
         with self._lock:
             jobs = list(self.buffer) + list(self.in_flight.values())
-        return [j.slot for j in jobs if getattr(j, "slot", None) is not None]
+        return [(j.id, j.slot) for j in jobs if getattr(j, "slot", None) is not None]
 
     def idle(self) -> bool:
         return not self.in_flight and not self.buffer

@@ -153,7 +153,10 @@ class Supervisor:
             held = held or bool(ids)
             if ids:
                 kept = set(heartbeat(ids, sched.worker_id, self.s.LEASE_TTL, self.using))
-                slots += sched.held_slots()
+                # Only the slots of rows still ours: a row cancelled or reaped meanwhile
+                # (even before its admission) must not keep a slot alive while its
+                # wasted step runs on.
+                slots += [s for i, s in sched.held_slots() if i in kept]
                 if recovering:
                     # Leases lapsed while the heartbeat failed: rows reaped meanwhile may
                     # run elsewhere already. Never start those we no longer own.

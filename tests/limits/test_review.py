@@ -92,3 +92,32 @@ def test_redis_a_credit_after_the_commit_never_frees_the_slot_of_the_rows_next_h
         keys = list(redis_client().scan_iter(match=prefix + "*"))
         if keys:
             redis_client().delete(*keys)
+
+
+def test_a_slot_taken_for_a_row_cancelled_before_its_admission_is_not_kept_alive(configure, engine, queue_name):
+    """A cancel that lands between a row's claim and its admission: Postgres does not
+    admit the row (above); Redis cannot see the cancel and admits it, and the worker runs
+    the step. Its heartbeat must not renew that slot (the row is no longer its own): the
+    slot expires within one lease, not a lease after the wasted step ends."""
+    from tests.durable_app.limit_machines import Gated
+    from tests.conftest import wait_until
+
+    limiter = configure(gates={"pdf": {"limit": 1, "retry": 0.05}})
+    victim = gd.insert(Gated, queue=queue_name, concurrency_key="pdf:a", state={"sleep": 10})
+    real = limiter.admit
+
+    def admit(jobs, queue):
+        if any(j.id == victim for j in jobs):
+            gd.cancel(victim)  # lands between the claim and the admission
+        return real(jobs, queue)
+
+    limiter.admit = admit
+    try:
+        engine({queue_name: 2})
+        wait_until(lambda: gd.get(victim).status == "failed", what="the victim cancelled")
+        other = gd.insert(Gated, queue=queue_name, concurrency_key="pdf:b", state={})
+        # LEASE_TTL is 3 s in the test settings; the victim's step sleeps 10 s.
+        wait_until(lambda: gd.get(other).status == "done", timeout=7,
+                   what="the other row admitted within a lease of the cancel")
+    finally:
+        limiter.admit = real
