@@ -32,6 +32,7 @@ from . import calls, overview, registry
 from .admin_paging import EstimatedCountPaginator
 from .conf import database_alias
 from .exceptions import DuplicateInstance, GenDurableError, NoTarget, NotRetryable
+from .limiter.base import EPSILON
 from .limiter.config import get_limits
 from .models import Bucket, BucketConfig, Instance, QueueOverview, Signal
 from .statuses import Status
@@ -258,6 +259,11 @@ class InstanceAdmin(admin.ModelAdmin):
             return format_html(
                 "{} <strong class=\"gd-warning\">not configured in GEN_DURABLE['RATE_LIMITS']: this row is "
                 "never admitted (re-offered every minute) until it is</strong>", obj.rate_limit)
+        if obj.weight > rate.burst + EPSILON:
+            return format_html(
+                "{} <strong class=\"gd-warning\">weight {} exceeds the burst {} of this rate limit: this row is "
+                "never admitted (re-offered every minute) until the burst is raised</strong>",
+                obj.rate_limit, f"{obj.weight:g}", f"{rate.burst:g}")
         return format_html("{} <span class=\"gd-note\">({} per second, burst {})</span>",
                            obj.rate_limit, f"{rate.rate:g}", f"{rate.burst:g}")
 

@@ -299,3 +299,14 @@ def test_a_django_task_row_shows_its_function_path_and_attempt_log(admin_client,
     assert "shop.tasks.send_receipt_copy" in listing
     detail = admin_client.get(_change(row.id)).content.decode()
     assert "SMTPError: down" in detail and "Attempt log" in detail
+
+
+def test_detail_flags_a_weight_above_the_burst_of_a_rate_limit_lowered_after_insert(
+        admin_client, queue_name, settings):
+    """A row whose weight exceeds its rate limit's burst is never admitted (re-offered
+    every minute): the page says so, as it does for an unconfigured name."""
+    settings.GEN_DURABLE = {**settings.GEN_DURABLE, "RATE_LIMITS": {"crm": {"allowed": 10, "period": 1}}}
+    heavy = gd.insert(Plain, queue=queue_name, rate_limit=("crm", 7), weight=8)
+    settings.GEN_DURABLE = {**settings.GEN_DURABLE, "RATE_LIMITS": {"crm": {"allowed": 10, "period": 1, "burst": 5}}}
+    page = admin_client.get(_change(heavy)).content.decode()
+    assert "crm:7 <strong class=\"gd-warning\">weight 8 exceeds the burst 5" in page

@@ -121,3 +121,27 @@ def test_a_slot_taken_for_a_row_cancelled_before_its_admission_is_not_kept_alive
                    what="the other row admitted within a lease of the cancel")
     finally:
         limiter.admit = real
+
+
+def test_a_gate_and_a_rate_limit_of_one_name_keep_separate_counters(configure, queue_name):
+    """Held: `api` as a gate (limit 2) and as a rate limit (burst 3, no refill to speak
+    of) — the rows carry `api:x` as both keys; each limit counts on its own."""
+    from tests.durable_app.limit_machines import Transitions
+
+    from .conftest import collapse
+
+    limiter = configure(gates={"api": {"limit": 2}}, rates={"api": {"allowed": 1, "period": 3600, "burst": 3}})
+    ids = gd.insert_all([gd.Spec(Transitions, queue=queue_name, concurrency_key="api:x", rate_limit="api:x",
+                                 state={"do": "done"}) for _ in range(4)])
+    first = claims.pick(queue_name, 10, WORKER, 60, gates=limiter.gate_names(), limiter=limiter)
+    assert [j.id for j in first] == ids[:2], "the gate admits 2 (3 tokens were there)"
+    from gen_durable.outcomes import Done
+    from gen_durable.worker import executor
+    from gen_durable.worker.flusher import flush
+
+    flush([executor.to_entry(Done(), Transitions, j, consumed=(), presented=()) for j in first], limiter=limiter)
+    collapse(queue_name)
+    second = claims.pick(queue_name, 10, WORKER, 60, gates=limiter.gate_names(), limiter=limiter)
+    assert [j.id for j in second] == ids[2:3], "2 slots free again, but 1 token left"
+    if configure.backend == "postgres":
+        assert [(k, c, a) for k, _, c, a in buckets()] == [("api", 2.0, 1.0)]
