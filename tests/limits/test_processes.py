@@ -167,11 +167,14 @@ def gate_counters_full(backend, cfg):
     return all(n == 0 for n in sets.values()), sets
 
 
+@pytest.mark.parametrize("shards", [1, 3])
 def test_key_hopping_cancel_and_kill_9_across_two_processes_keep_the_name_gate(
-        side_table, limiter_settings, backend, queue_name):
+        side_table, limiter_settings, backend, queue_name, shards):
     """Rows move between `pdf:a`, `pdf:b`, no key and `pdf` (one name: 3 slots), park,
     continue inline, retry; some are cancelled and one worker is killed mid-step. Never
-    more than 3 gated steps at once, and every counter comes back full."""
+    more than 3 gated steps at once, and every counter comes back full (Postgres: over
+    1 or 3 shards; Redis ignores shards)."""
+    limiter_settings["CONCURRENCY_LIMITS"]["pdf"]["shards"] = shards
     tag = queue_name
     ids = gd.insert_all([gd.Spec(KeyHopper, queue=queue_name, concurrency_key=("pdf:a", "pdf:b")[i % 2],
                                  state={"track": tag, "sleep": 0.03, "first": ("pdf:a", "pdf:b")[i % 2]})
