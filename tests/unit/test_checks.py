@@ -100,6 +100,15 @@ def test_the_test_settings_have_no_misspelt_gen_durable():
     assert checks.check_setting_name() == []
 
 
+@override_settings(REST_FRAMEWORK={}, CELERY_BROKER_URL="x", CHANNEL_LAYERS={}, Q_CLUSTER={}, HUEY={}, RQ_QUEUES={},
+                   DRAMATIQ_BROKER={}, PROCRASTINATE_APP="x", GENERIC_DURABLE=1, GEN_DURABILITY=1, DURABLE=1,
+                   GEN_DURABLE_TEST=1, SIMPLE_JWT={}, CORS_ALLOWED_ORIGINS=[], SENTRY_DSN="x")
+def test_common_setting_names_are_not_taken_for_a_misspelt_gen_durable():
+    """Every Django default is in the test settings (above); these are common project
+    and third-party names, and near misses that are not typos of it."""
+    assert checks.check_setting_name() == []
+
+
 # --- E002 QUEUES ----------------------------------------------------------------------
 
 QUEUE_HINT = "It is the number of concurrent steps per worker process."
