@@ -145,3 +145,40 @@ def test_a_gate_and_a_rate_limit_of_one_name_keep_separate_counters(configure, q
     assert [j.id for j in second] == ids[2:3], "2 slots free again, but 1 token left"
     if configure.backend == "postgres":
         assert [(k, c, a) for k, _, c, a in buckets()] == [("api", 2.0, 1.0)]
+
+
+def gate_members(configure, name):
+    """Slots held in gate counter `name`: Postgres capacity - available, Redis members."""
+    if configure.backend == "postgres":
+        return sum(c - a for k, _, c, a in buckets() if k == name)
+    from .conftest import redis_client
+
+    return redis_client().zcard(f"{configure.prefix}conc:{name}")
+
+
+@pytest.mark.parametrize("how", ["abandon", "reclaim", "reap", "cancel"])
+def test_every_way_out_of_executing_gives_the_claimants_slots_back(configure, queue_name, how):
+    """Redis members name their admission (row, claimant, sequence); the paths that know
+    only the row and its claimant give back every member of that pair."""
+    from django.db import connection
+
+    from gen_durable.worker import maintenance
+
+    limiter = configure(gates={"pdf": {"limit": 3}})
+    ids = gd.insert_all([gd.Spec(Plain, queue=queue_name, concurrency_key=k) for k in ("pdf:a", "pdf:b", "pdf")])
+    worker = f"host:{queue_name}:tok"
+    jobs = claims.pick(queue_name, 10, worker, 60, gates=limiter.gate_names(), limiter=limiter)
+    assert len(jobs) == 3 and gate_members(configure, "pdf") == 3
+    if how == "abandon":
+        back = claims.abandon(ids, worker, 0, limiter=limiter)
+    elif how == "reclaim":
+        back = claims.reclaim(queue_name, "host:", 3600, limiter=limiter)
+    elif how == "reap":
+        with connection.cursor() as cur:
+            cur.execute("UPDATE gen_durable SET lease_expires_at = now() - interval '1 second' WHERE id = ANY(%s)",
+                        [ids])
+        back = maintenance.reap(limiter=limiter)
+    else:
+        back = [gd.cancel(i) for i in ids]
+    assert sorted(back) == ids
+    assert gate_members(configure, "pdf") == 0
