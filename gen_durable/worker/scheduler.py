@@ -343,6 +343,10 @@ class Scheduler:
         """One async step (and its inline chain) on the event loop; mirrors _step_loop's body."""
         submitted = False
         try:
+            # A buffered row is re-checked before it starts, as a sync step's is; a dropped
+            # one leaves below like a step that submitted nothing.
+            if job.prefetched and not await sync_to_async(self._owned)(job):
+                return
             await self.arun_chain(job)
             submitted = True
         except asyncio.CancelledError:
@@ -468,8 +472,18 @@ class Scheduler:
         in the buffer: it is checked first (one primary-key probe), so a row cancelled
         while it waited never runs its step. Rows claimed for a free slot start at once
         without the check, so with PREFETCH = 0 the hot path is unchanged."""
-        if not job.prefetched:
+        if not job.prefetched or self._owned(job):
             return True
+        self.settle([job.id], completed=False)
+        with self._lock:
+            self.running -= 1
+            self._runs.pop(threading.current_thread(), None)
+            self._dispatch_locked()
+        return False
+
+    def _owned(self, job) -> bool:
+        """One primary-key probe: does this worker still hold buffered `job`? (False: it was
+        cancelled or lost its claim while it waited; logged and reported as stale.)"""
         try:
             if job.id in still_owned([job.id], self.worker_id, self.using):
                 return True
@@ -480,11 +494,6 @@ class Scheduler:
                     job.fsm, job.id, job.step)
         telemetry.emit("outcome.stale", {"count": 1}, {"id": job.id, "fsm": job.fsm, "step": job.step,
                                                        "kind": "unstarted"})
-        self.settle([job.id], completed=False)
-        with self._lock:
-            self.running -= 1
-            self._runs.pop(threading.current_thread(), None)
-            self._dispatch_locked()
         return False
 
     def _timed(self, run, job, fn):

@@ -179,3 +179,25 @@ class AsyncAppName(gd.Machine):
                 return cur.fetchone()[0]
 
         return gd.Done({"application_name": await sync_to_async(read)()})
+
+
+ASYNC_GATE = threading.Event()
+ASYNC_RAN: list = []
+
+
+class AsyncBlocker(gd.Machine):
+    """state["block"]: wait (without blocking the loop) until ASYNC_GATE is set; otherwise
+    record the id in ASYNC_RAN. Then done."""
+
+    name = "tests.AsyncBlocker"
+
+    @gd.step
+    async def start(self, ctx):
+        if ctx.state.get("block"):
+            for _ in range(3000):
+                if ASYNC_GATE.is_set():
+                    break
+                await asyncio.sleep(0.01)
+        else:
+            ASYNC_RAN.append(ctx.id)
+        return gd.Done()

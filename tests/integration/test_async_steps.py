@@ -81,6 +81,30 @@ def test_async_steps_reach_the_database_on_a_connection_with_the_workers_options
     assert Instance.objects.get(id=id_).result["application_name"].startswith("gen_durable async steps")
 
 
+def test_an_async_row_cancelled_while_buffered_never_runs_its_step(engine, queue_name, settings):
+    """As for sync steps (docs/guide.md, "Calls": cancel): a row claimed beyond the free
+    slots (PREFETCH) is re-checked before its async step starts."""
+    from tests.durable_app.async_machines import ASYNC_GATE, ASYNC_RAN, AsyncBlocker
+
+    settings.GEN_DURABLE = {**settings.GEN_DURABLE, "PREFETCH": 5}
+    ASYNC_RAN.clear()
+    ASYNC_GATE.clear()
+    blocker = gd.insert(AsyncBlocker, state={"block": True}, queue=queue_name)
+    engine({queue_name: 1})
+    wait_until(lambda: Instance.objects.filter(id=blocker, status="executing").exists(), what="blocker running")
+    buffered = gd.insert_all([gd.Spec(AsyncBlocker, queue=queue_name) for _ in range(3)])
+    wait_until(lambda: Instance.objects.filter(id__in=buffered, status="executing").count() == 3,
+               timeout=30, what="three rows claimed into the buffer")
+    for id_ in buffered:
+        gd.cancel(id_, "customer left")
+    ASYNC_GATE.set()
+    wait_until(lambda: Instance.objects.filter(id=blocker, status="done").exists(), timeout=30, what="blocker done")
+    later = gd.insert(AsyncBlocker, queue=queue_name)  # the slot goes on with fresh work
+    wait_until(lambda: Instance.objects.filter(id=later, status="done").exists(), timeout=30, what="later done")
+    assert ASYNC_RAN == [later]  # no cancelled row ran its step
+    assert set(Instance.objects.filter(id__in=buffered).values_list("status", flat=True)) == {"failed"}
+
+
 def test_control_sync_steps_take_a_thread_each(engine, queue_name):
     """The measurement above sees threads: 30 concurrent sync sleeps start 30 step threads."""
     ids = gd.insert_all([gd.Spec(SlowCounter, state={"sleep": 0.5, "target": 1}, queue=queue_name)
