@@ -35,6 +35,7 @@ from .exceptions import DuplicateInstance, GenDurableError, NoTarget, NotRetryab
 from .limiter.base import EPSILON
 from .limiter.config import get_limits
 from .models import Bucket, BucketConfig, Instance, QueueOverview, Signal
+from .outcomes import MAX_NAME_LENGTH, MAX_REASON_LENGTH
 from .statuses import Status
 
 INLINE_LIMIT = 20  # newest inbox rows / children shown on the detail page
@@ -104,7 +105,7 @@ class MachineFilter(admin.SimpleListFilter):
 
 # --- action forms ----------------------------------------------------------------------
 class CancelForm(forms.Form):
-    reason = forms.CharField(max_length=2000, initial="cancelled in the admin",
+    reason = forms.CharField(max_length=MAX_REASON_LENGTH, initial="cancelled in the admin",
                              help_text="Stored as the instance's last_error.")
 
 
@@ -113,10 +114,10 @@ class RetryForm(forms.Form):
 
 
 class SignalForm(forms.Form):
-    name = forms.CharField(max_length=200, help_text="The signal name an Await waits for.")
+    name = forms.CharField(max_length=MAX_NAME_LENGTH, help_text="The signal name an Await waits for.")
     payload = forms.CharField(widget=forms.Textarea(attrs={"rows": 6, "cols": 60}), initial="{}",
                               help_text="JSON (an object, list, string, number, true/false or null).")
-    dedup_key = forms.CharField(max_length=200, required=False,
+    dedup_key = forms.CharField(max_length=MAX_NAME_LENGTH, required=False,
                                 help_text="Optional: a redelivery with the same key to the same instance is a no-op.")
 
     def clean_payload(self):
@@ -390,12 +391,14 @@ class InstanceAdmin(admin.ModelAdmin):
                 skipped.append(f"#{id_} (its correlation key is held by another live instance)")
             except GenDurableError as exc:
                 skipped.append(f"#{id_} ({exc})")
-        what = {"cancel": "Cancelled", "retry": "Retried", "signal": "Delivered the signal to"}[action]
         if done:
-            extra = f" signal {data['name']!r}" if action == "signal" else ""
             shown = ", ".join(f"#{i}" for i in done[:20]) + (" …" if len(done) > 20 else "")
-            self.message_user(request, f"{what}{extra}: {len(done)} instance{'s' if len(done) != 1 else ''} ({shown}).",
-                              messages.SUCCESS)
+            count = f"{len(done)} instance{'s' if len(done) != 1 else ''} ({shown})"
+            if action == "signal":
+                message = f"Delivered signal {data['name']!r} to {count}."
+            else:
+                message = f"{'Cancelled' if action == 'cancel' else 'Retried'}: {count}."
+            self.message_user(request, message, messages.SUCCESS)
         if skipped:
             self.message_user(request, f"Skipped {len(skipped)}: " + "; ".join(skipped[:20])
                               + (" …" if len(skipped) > 20 else ""), messages.WARNING)

@@ -121,7 +121,7 @@ class AdminInBrowser(StaticLiveServerTestCase):
         self.shot("07-signal-confirm")
         b.find_element(By.ID, "gd-confirm").click()
         self.wait_for("ul.messagelist")
-        assert "Delivered the signal" in b.find_element(By.CSS_SELECTOR, "ul.messagelist").text
+        assert "Delivered signal 'go' to 1 instance" in b.find_element(By.CSS_SELECTOR, "ul.messagelist").text
         self.shot("08-signal-done")
         assert Instance.objects.get(id=parked).status == "runnable"
         assert Signal.objects.filter(target_id=parked, name="go", payload={"amount": 12}).exists()
