@@ -300,7 +300,7 @@ def check_notify_and_limiter(app_configs=None, **kwargs):
     lim = s.LIMITER
     if not (lim == "postgres" or (isinstance(lim, dict) and lim.get("BACKEND") in ("postgres", "redis"))):
         errors.append(Error(f"GEN_DURABLE['LIMITER'] must be 'postgres' or {{'BACKEND': 'redis', 'URL': ...}}, got {lim!r}.",
-                            hint="See docs/design.md#settings.", id=ID + "E006"))
+                            hint="See docs/guide.md#postgres-or-redis.", id=ID + "E006"))
     elif isinstance(lim, dict) and lim.get("BACKEND") == "redis" and not isinstance(lim.get("URL"), str):
         errors.append(Error("GEN_DURABLE['LIMITER'] with BACKEND 'redis' needs a 'URL'.",
                             hint="For example 'redis://127.0.0.1:6379/0'.", id=ID + "E006"))

@@ -52,3 +52,22 @@ def test_every_design_citation_names_an_existing_section():
     missing = sorted({f"{name}: #{a}" for name, text in tracked_text_files()
                       for a in re.findall(r"docs/design\.md#([a-z0-9-]+)", text) if a not in anchors})
     assert not missing, "docs/design.md has no such section:\n" + "\n".join(missing)
+
+
+def test_every_citation_of_another_doc_names_an_existing_section():
+    """docs/guide.md#postgres-or-redis and the like (a check's hint, the README): the
+    heading must exist, as GitHub slugs it."""
+    missing = set()
+    for name, text in tracked_text_files():
+        for doc, anchor in re.findall(r"docs/([a-z_]+)\.md#([a-z0-9_-]+)", text):
+            if doc == "design":
+                continue  # the test above
+            path = ROOT / "docs" / f"{doc}.md"
+            headings = re.findall(r"^#{1,4} (.+)$", path.read_text(), re.M) if path.exists() else []
+            if anchor not in {_github_slug(h) for h in headings}:
+                missing.add(f"{name}: docs/{doc}.md#{anchor}")
+    assert not missing, "no such section:\n" + "\n".join(sorted(missing))
+
+
+def _github_slug(heading: str) -> str:
+    return re.sub(r"[^a-z0-9 _-]", "", heading.strip().lower()).replace(" ", "-")

@@ -255,7 +255,7 @@ def test_notify_is_postgres_or_none(notify, expected):
 
 def limiter_shape_error(value):
     return E(6, f"GEN_DURABLE['LIMITER'] must be 'postgres' or {{'BACKEND': 'redis', 'URL': ...}}, got {value!r}.",
-             "See docs/design.md#settings.")
+             "See docs/guide.md#postgres-or-redis.")
 
 
 @pytest.mark.parametrize("limiter, expected", [
