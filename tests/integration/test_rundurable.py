@@ -102,6 +102,25 @@ def test_a_queue_nothing_uses_is_refused_with_burst_and_warned_about_without(tra
         call_command("rundurable", "--burst", "--queue", "emial", "--queue", "default", verbosity=0, stderr=err)
 
 
+def test_a_queue_nothing_uses_gets_a_did_you_mean(transactional_db):
+    """`--queue defualt` names the close queue a machine uses (the warning and the refusal)."""
+    from io import StringIO
+
+    from django.core.management.base import CommandError
+
+    from gen_durable.management.commands.rundurable import Command
+
+    err = StringIO()
+    Command(stderr=err)._check_queues(["defualt"], burst=False)
+    assert "no registered machine uses this queue" in err.getvalue()
+    assert err.getvalue().rstrip().endswith("did you mean 'default'?")
+    with pytest.raises(CommandError, match=r"did you mean 'default' for 'defualt'\?; refusing --burst"):
+        call_command("rundurable", "--burst", "--queue", "defualt", "--queue", "zzqx", verbosity=0)
+    err = StringIO()
+    Command(stderr=err)._check_queues(["zzqx"], burst=False)  # nothing close: no suggestion
+    assert "no registered machine uses" in err.getvalue() and "did you mean" not in err.getvalue()
+
+
 def test_an_unmigrated_database_is_refused_at_start_up(transactional_db):
     """Without gen_durable's tables every pick and sweep would fail forever: refuse to start."""
     name = f"gd_unmigrated_{os.getpid()}"

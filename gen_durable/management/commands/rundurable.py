@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import os
 import signal
@@ -174,9 +175,18 @@ class Command(BaseCommand):
                 unused.append(name)
         if not unused:
             return
+        configured = set(get_settings().QUEUES)
         message = (f"--queue {', '.join(map(repr, unused))}: no registered machine uses "
                    f"{'this queue' if len(unused) == 1 else 'these queues'} and no runnable instance is in it "
-                   f"(machines use {sorted(declared)}; configured: {sorted(get_settings().QUEUES)})")
+                   f"(machines use {sorted(declared)}; configured: {sorted(configured)})")
+        # A typo is the usual cause: suggest the closest queue a machine uses or the settings name.
+        known = sorted(declared | configured)
+        close = {name: difflib.get_close_matches(name, [k for k in known if k != name], n=1) for name in unused}
+        close = {name: match[0] for name, match in close.items() if match}
+        if len(unused) == 1 and close:
+            message += f"; did you mean {close[unused[0]]!r}?"
+        elif close:
+            message += "; did you mean " + ", ".join(f"{m!r} for {n!r}" for n, m in close.items()) + "?"
         if burst:
             raise CommandError(message + "; refusing --burst, which would exit 0 with nothing done")
         self.stderr.write(f"Warning: {message}")
