@@ -30,9 +30,13 @@ class UnknownMachine(GenDurableError, LookupError):
     def __init__(self, name, version=None):
         self.name, self.version = name, version
         where = f"{name!r}" if version is None else f"{name!r} version {version}"
+        # Both places apps.ready() imports from: a machine's durable.py, and a Django
+        # task's tasks.py (a task row's machine is its function's path).
+        old = "" if version is None else f", or is version {version} no longer defined"
         super().__init__(
-            f"no gen_durable machine registered as {where}; is its module imported "
-            "(a durable.py of an installed app) or the old version still registered?"
+            f"no gen_durable machine registered as {where}; is its module imported? gen_durable "
+            "imports the durable.py of every app in INSTALLED_APPS, and its tasks.py when settings.TASKS "
+            f"uses gen_durable.tasks.GenDurableBackend: is the app in INSTALLED_APPS{old}?"
         )
 
 

@@ -280,6 +280,19 @@ def test_a_lost_attempt_is_an_error_with_its_worker_and_counts_as_an_attempt():
     assert "max_attempts (1)" in Instance.objects.get(id=int(once.id)).last_error
 
 
+def test_a_task_whose_module_was_never_imported_fails_naming_tasks_py():
+    """Its app missing from INSTALLED_APPS, `shop/tasks.py` was never imported: the
+    error names both places gen_durable imports machines from."""
+    result = t.add.enqueue(1, 2)
+    Instance.objects.filter(id=int(result.id)).update(fsm="shop.tasks.send_email")
+    testing.drain()
+    row = Instance.objects.get(id=int(result.id))
+    assert row.status == "failed"
+    assert row.last_error.startswith("no gen_durable machine registered as 'shop.tasks.send_email' version 1;")
+    assert "durable.py" in row.last_error and "tasks.py" in row.last_error
+    assert "is the app in INSTALLED_APPS, or is version 1 no longer defined?" in row.last_error
+
+
 def test_backend_options_are_validated():
     with pytest.raises(InvalidTaskBackend, match="unknown keys"):
         GenDurableBackend("x", {"OPTIONS": {"MAX_ATTEMPS": 3}})
