@@ -202,6 +202,7 @@ def backend_of(alias: str) -> "GenDurableBackend":
     backend = task_backends[alias]
     if not isinstance(backend, GenDurableBackend):
         raise InvalidTaskBackend(f"TASKS[{alias!r}] is {type(backend).__name__}, not a GenDurableBackend")
+    backend._require_valid()  # a worker runs no task of an alias whose settings are invalid
     return backend
 
 
@@ -221,7 +222,10 @@ class GenDurableBackend(BaseTaskBackend):
     GEN_DURABLE["QUEUES"], which is what `rundurable` runs), OPTIONS: MAX_ATTEMPTS
     (int >= 1, default 1) and BACKOFF (a callable or its dotted path, `f(attempt) ->
     seconds` after failed attempt `attempt` counted from 1; default min(2 ** (attempt -
-    1), 300) with jitter). Anything else raises InvalidTaskBackend.
+    1), 300) with jitter). Any other key, or an invalid value, is reported by system
+    check gen_durable.E060 and makes every use of the backend (enqueue, get_result, a
+    worker running one of its tasks) raise InvalidTaskBackend; building it does not
+    raise, so the apps' tasks.py modules still import and the check can report it.
     """
 
     supports_defer = True
@@ -234,6 +238,19 @@ class GenDurableBackend(BaseTaskBackend):
 
     def __init__(self, alias, params):
         super().__init__(alias, params)
+        # Invalid settings are recorded, not raised: the framework builds the backend when
+        # an app's tasks.py is imported (@task) and in its own system check, so raising
+        # here would end django.setup() and `manage.py check` in a traceback. Instead
+        # gen_durable.E060 reports it and every use raises it (`_require_valid`).
+        self.config_error: str | None = None
+        self.max_attempts, self.backoff = OPTION_DEFAULTS["MAX_ATTEMPTS"], OPTION_DEFAULTS["BACKOFF"]
+        try:
+            self.max_attempts, self.backoff = self._options(alias, params)
+        except InvalidTaskBackend as exc:
+            self.config_error = str(exc)
+
+    def _options(self, alias, params) -> tuple:
+        """(MAX_ATTEMPTS, BACKOFF callable or None) from `params`; raises InvalidTaskBackend."""
         unknown = sorted(set(params) - PARAM_KEYS)
         if unknown:
             raise InvalidTaskBackend(f"TASKS[{alias!r}] has unknown keys {unknown}; "
@@ -258,8 +275,12 @@ class GenDurableBackend(BaseTaskBackend):
         if backoff is not None and not callable(backoff):
             raise InvalidTaskBackend(f"TASKS[{alias!r}]['OPTIONS']['BACKOFF'] must be a callable "
                                      f"f(attempt) -> seconds or its dotted path, got {backoff!r}")
-        self.max_attempts = max_attempts
-        self.backoff = backoff
+        return max_attempts, backoff
+
+    def _require_valid(self) -> None:
+        """Raise InvalidTaskBackend when this alias's settings are invalid (gen_durable.E060)."""
+        if self.config_error is not None:
+            raise InvalidTaskBackend(self.config_error)
 
     # -- validation -------------------------------------------------------------------
 
@@ -284,6 +305,7 @@ class GenDurableBackend(BaseTaskBackend):
     # -- enqueue ----------------------------------------------------------------------
 
     def _row(self, task, args, kwargs) -> tuple:
+        self._require_valid()
         self.validate_task(task)
         data = {"args": normalize_json(args), "kwargs": normalize_json(kwargs)}  # TypeError/ValueError
         if self.alias != DEFAULT_TASK_BACKEND_ALIAS:
@@ -303,7 +325,8 @@ class GenDurableBackend(BaseTaskBackend):
 
         Joins the caller's transaction.atomic() (the task exists, and wakes a worker,
         on commit). Raises InvalidTask, TypeError/ValueError for arguments that are
-        not JSON (gen_durable's SerializationError, a TypeError, when too large).
+        not JSON (gen_durable's SerializationError, a TypeError, when too large),
+        InvalidTaskBackend when the alias's settings are invalid (gen_durable.E060).
         """
         row = self._row(task, args, kwargs)
         [(id_, enqueued_at)] = _insert([row])
@@ -314,9 +337,13 @@ class GenDurableBackend(BaseTaskBackend):
     # -- results ----------------------------------------------------------------------
 
     def get_result(self, result_id):
-        """The task's TaskResult read from its row (one query). Raises TaskResultDoesNotExist."""
+        """The task's TaskResult read from its row (one query).
+
+        Raises TaskResultDoesNotExist; InvalidTaskBackend when the alias's settings are invalid.
+        """
         from .models import Instance
 
+        self._require_valid()
         try:
             id_ = int(result_id)
         except (TypeError, ValueError):
@@ -431,6 +458,7 @@ def check_task_backends(app_configs=None, **kwargs):
             continue
         try:
             backend = task_backends[alias]
+            backend._require_valid()
         except InvalidTaskBackend as exc:
             errors.append(checks.Error(str(exc), hint="See docs/tasks.md for the backend's keys and OPTIONS.",
                                        id="gen_durable.E060"))

@@ -8,6 +8,8 @@ processes). Runs on Django 6.x (`django.tasks`) and Django 5.2 (the backport).
 """
 
 import datetime as dt
+import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -294,17 +296,33 @@ def test_a_task_whose_module_was_never_imported_fails_naming_tasks_py():
 
 
 def test_backend_options_are_validated():
-    with pytest.raises(InvalidTaskBackend, match="unknown keys"):
-        GenDurableBackend("x", {"OPTIONS": {"MAX_ATTEMPS": 3}})
-    with pytest.raises(InvalidTaskBackend, match="MAX_ATTEMPTS"):
-        GenDurableBackend("x", {"OPTIONS": {"MAX_ATTEMPTS": 0}})
-    with pytest.raises(InvalidTaskBackend, match="BACKOFF"):
-        GenDurableBackend("x", {"OPTIONS": {"BACKOFF": "no.such.function"}})
-    with pytest.raises(InvalidTaskBackend, match="unknown keys"):
-        GenDurableBackend("x", {"BACKEND": "gen_durable.tasks.GenDurableBackend", "QUEUE": ["a"]})
+    """Invalid settings do not raise when the backend is built (the framework builds it
+    while apps' tasks.py modules import, and in its system check); every use raises."""
+    for params, match in [({"OPTIONS": {"MAX_ATTEMPS": 3}}, "unknown keys"),
+                          ({"OPTIONS": {"MAX_ATTEMPTS": 0}}, "MAX_ATTEMPTS"),
+                          ({"OPTIONS": {"BACKOFF": "no.such.function"}}, "BACKOFF"),
+                          ({"OPTIONS": ["MAX_ATTEMPTS"]}, "must be a dict"),
+                          ({"BACKEND": "gen_durable.tasks.GenDurableBackend", "QUEUE": ["a"]}, "unknown keys")]:
+        backend = GenDurableBackend("x", params)
+        assert re.search(match, backend.config_error)
+        with pytest.raises(InvalidTaskBackend, match=match):
+            backend.enqueue(t.add, [1, 2], {})
+        with pytest.raises(InvalidTaskBackend, match=match):
+            backend.get_result("1")
+    assert not Instance.objects.exists()
     default = GenDurableBackend("x", {})
+    assert default.config_error is None
     assert default.max_attempts == 1 and 0.75 <= default.retry_delay(1) <= 1.0
     assert 225 <= default.retry_delay(50) <= 300
+
+
+def test_a_worker_runs_no_task_of_an_alias_whose_settings_turned_invalid():
+    result = t.add.using(backend="retrying").enqueue(1, 2)
+    bad = {**settings.TASKS, "retrying": {**settings.TASKS["retrying"], "OPTIONS": {"MAX_ATTEMPT": 3}}}
+    with override_settings(TASKS=bad):
+        testing.drain()
+    row = Instance.objects.get(id=int(result.id))
+    assert row.status == "failed" and "unknown keys ['MAX_ATTEMPT']" in row.last_error
 
 
 @pytest.mark.django_db(transaction=True)
@@ -390,17 +408,37 @@ def test_a_stale_outcome_appends_no_attempt_record():
 
 
 def test_system_checks_report_bad_backend_settings():
-    from importlib.util import find_spec
-
     assert not [e for e in run_checks() if e.id in ("gen_durable.E060", "gen_durable.E061")]
     base = {"BACKEND": "gen_durable.tasks.GenDurableBackend"}
-    with override_settings(TASKS={**settings.TASKS, "extra": {**base, "QUEUES": ["default", "unrun"]}}):
+    with override_settings(TASKS={**settings.TASKS, "extra": {**base, "QUEUES": ["unrun", "default"]}}):
         found = {e.id: e.msg for e in run_checks() if e.id.startswith("gen_durable.E06")}
     assert list(found) == ["gen_durable.E061"] and "'unrun'" in found["gen_durable.E061"]
-    with override_settings(TASKS={**settings.TASKS, "broken": {**base, "OPTIONS": {"MAX_ATTEMPTS": "3"}}}):
-        if find_spec("django.tasks"):  # Django 6.x checks every backend itself: constructing it raises
-            with pytest.raises(InvalidTaskBackend, match="MAX_ATTEMPTS"):
-                run_checks()
-        else:  # the backport's own check runs only with its app installed: ours reports it
-            found = {e.id: e.msg for e in run_checks() if e.id.startswith("gen_durable.E06")}
-            assert "MAX_ATTEMPTS" in found["gen_durable.E060"]
+    # On Django 6.x Django's own check builds every backend; on 5.2 the backport's does
+    # with its app installed: neither raises now, and E060 reports the settings.
+    for options, match in [({"MAX_ATTEMPTS": "3"}, "MAX_ATTEMPTS"),
+                           ({"MAX_ATTEMPT": 3}, r"unknown keys \['MAX_ATTEMPT'\]")]:
+        with override_settings(TASKS={**settings.TASKS, "broken": {**base, "OPTIONS": options}}):
+            found = [e for e in run_checks() if e.id.startswith("gen_durable.E06")]
+        assert [e.id for e in found] == ["gen_durable.E060"] and re.search(match, found[0].msg)
+
+
+@pytest.mark.parametrize("framework_app", [False, True], ids=["gen_durable-only", "with-django_tasks-app"])
+def test_manage_py_check_reports_a_misspelt_option_as_e060_without_a_traceback(tmp_path, framework_app):
+    """A new user's TASKS OPTIONS {"MAX_ATTEMPT": 3}: `manage.py check` ended in an
+    InvalidTaskBackend traceback (raised while importing an app's tasks.py) instead of E060."""
+    from importlib.util import find_spec
+
+    if framework_app and find_spec("django.tasks"):
+        pytest.skip("Django 6.x has no framework app: its check is Django's own (the other case)")
+    (tmp_path / "bad_task_settings.py").write_text(
+        "from tests.settings import *  # noqa: F403\n"
+        "TASKS = {**TASKS, 'default': {**TASKS['default'], 'OPTIONS': {'MAX_ATTEMPT': 3}}}  # noqa: F405\n"
+        + ("INSTALLED_APPS = [*INSTALLED_APPS, 'django_tasks']  # noqa: F405\n" if framework_app else ""))
+    env = dict(child_env(), DJANGO_SETTINGS_MODULE="bad_task_settings",
+               PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run(MANAGE + ["check"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert ("(gen_durable.E060) TASKS['default']['OPTIONS'] has unknown keys ['MAX_ATTEMPT']; "
+            "valid: ['BACKOFF', 'MAX_ATTEMPTS']") in proc.stderr
+    assert proc.stderr.count("gen_durable.E060") == 1
