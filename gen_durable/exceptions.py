@@ -99,7 +99,16 @@ class StepTimeout(GenDurableError, TimeoutError):
 
 
 class LeaseExpired(GenDurableError):
-    """An attempt's lease expired before it recorded an outcome (its worker died or stalled).
+    """An attempt's lease expired before it recorded an outcome (its worker died or stalled;
+    returned by the reaper, or by a restarted worker's start-up reclaim on the same host).
+
+    Never raised: it names that cause in a Django task's `TaskResult.errors`.
+    """
+
+
+class WorkerShutdown(GenDurableError):
+    """An attempt still ran when its worker shut down after DRAIN_TIMEOUT; the row was
+    handed back (runnable at once) and the attempt counts.
 
     Never raised: it names that cause in a Django task's `TaskResult.errors`.
     """

@@ -2,6 +2,9 @@
 -- DRAIN_TIMEOUT: runnable at once, attempt + 1 (the step was cut off; it counts towards
 -- max_attempts like a worker that died in it), last_error says why.
 -- Params: ids bigint[], worker text, drain float8 (seconds, for the message).
+-- A row that keeps an attempt_log (a Django task) records the cut-off attempt as an
+--   error of class gen_durable.exceptions.WorkerShutdown, so its TaskResult counts the
+--   attempt the engine counts (as reap.sql records LeaseExpired).
 -- Guard: locked_by = worker AND status = 'executing' (an outcome that committed first
 --   wins). Locks: id order, SKIP LOCKED — a row locked at that instant keeps its lease
 --   and comes back through the reaper. Returns the key and shard each row held (the
@@ -34,7 +37,15 @@ WITH owned AS (
         concurrency_shard = NULL, attempt = g.attempt + 1, eligible_at = now(),
         last_error = format('the worker shut down during step %%s (attempt %%s): still running after '
                             'DRAIN_TIMEOUT (%%s s)', g.step, g.attempt + 1, %(drain)s::float8),
-        updated_at = now()
+        updated_at = now(),
+        attempt_log = CASE WHEN g.attempt_log IS NULL THEN NULL
+                           ELSE g.attempt_log || jsonb_build_array(jsonb_build_object(
+                                'worker_id', g.locked_by, 'started_at', g.updated_at,
+                                'error', jsonb_build_object(
+                                    'exception_class_path', 'gen_durable.exceptions.WorkerShutdown',
+                                    'traceback', format('gen_durable.exceptions.WorkerShutdown: %%s shut down '
+                                        'while the attempt still ran after DRAIN_TIMEOUT (%%s s); handed back',
+                                        g.locked_by, %(drain)s::float8)))) END
     FROM owned_first owned
     WHERE g.id = owned.id
     RETURNING g.id, g.queue, owned.concurrency_key, owned.concurrency_shard

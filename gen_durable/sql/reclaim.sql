@@ -7,7 +7,9 @@
 --   child that died: its pid is known dead) with a margin past any lease: all of them.
 -- The predecessor died holding the row, maybe inside its step: like the reaper, the
 --   attempt counts (a step that kills its process reaches max_attempts) and last_error
---   says why. Returns the key and shard each row held, for the gate-slot credit.
+--   says why; a row that keeps an attempt_log (a Django task) records the lost attempt
+--   as LeaseExpired, as reap.sql does. Returns the key and shard each row held, for the
+--   gate-slot credit.
 -- starts_with() is a literal prefix test (LIKE would treat percent signs and underscores in names as patterns).
 -- Index: gen_durable_lease. Locks: id order, SKIP LOCKED.
 WITH stale AS (
@@ -40,7 +42,15 @@ SET status = 'runnable', locked_by = NULL, lease_expires_at = NULL,
     concurrency_shard = NULL, attempt = g.attempt + 1, eligible_at = now(),
     last_error = format('the worker died during step %%s (attempt %%s); reclaimed at start-up',
                         g.step, g.attempt + 1),
-    updated_at = now()
+    updated_at = now(),
+    attempt_log = CASE WHEN g.attempt_log IS NULL THEN NULL
+                       ELSE g.attempt_log || jsonb_build_array(jsonb_build_object(
+                            'worker_id', g.locked_by, 'started_at', g.updated_at,
+                            'error', jsonb_build_object(
+                                'exception_class_path', 'gen_durable.exceptions.LeaseExpired',
+                                'traceback', 'gen_durable.exceptions.LeaseExpired: ' || g.locked_by
+                                    || ' died before the attempt recorded an outcome (reclaimed at '
+                                    || 'start-up by a worker on the same host)'))) END
 FROM stale_first stale
 WHERE g.id = stale.id
 RETURNING g.id, stale.concurrency_key, stale.concurrency_shard, stale.locked_by

@@ -295,6 +295,49 @@ def test_a_task_whose_module_was_never_imported_fails_naming_tasks_py():
     assert "is the app in INSTALLED_APPS, or is version 1 no longer defined?" in row.last_error
 
 
+@pytest.mark.parametrize("how, cause", [("shutdown", "WorkerShutdown"), ("reclaim", "LeaseExpired")])
+def test_an_attempt_handed_back_at_shutdown_or_reclaimed_at_start_up_is_recorded_and_counts(how, cause):
+    """abandon.sql (a step still running after DRAIN_TIMEOUT) and reclaim.sql (a dead
+    predecessor's claims) count the attempt like the reaper; the task's attempt_log
+    records it too, so TaskResult.attempts agrees with MAX_ATTEMPTS (they recorded
+    nothing: a task with 1 attempt ended FAILED with no error of its own)."""
+    from gen_durable.worker import claims
+
+    retried = t.flaky.enqueue(2)  # the "retrying" backend: 3 attempts; succeeds at its 2nd
+    once = t.add.enqueue(1, 1)  # the default backend: 1 attempt
+    ids = [int(retried.id), int(once.id)]
+    Instance.objects.filter(id__in=ids).update(status="executing", locked_by="host-7-w1",
+                                               lease_expires_at=timezone.now() + dt.timedelta(seconds=60))
+    if how == "shutdown":
+        back = claims.abandon(ids, "host-7-w1", 2.0)
+    else:
+        back = claims.reclaim("default", "host-7-", 3600.0)
+    assert sorted(back) == sorted(ids)
+    for result in (retried, once):
+        result.refresh()
+        assert (result.status, result.attempts, result.worker_ids) == (TaskResultStatus.READY, 1, ["host-7-w1"])
+        assert [e.exception_class_path for e in result.errors] == [f"gen_durable.exceptions.{cause}"]
+        assert result.errors[0].exception_class.__name__ == cause and "host-7-w1" in result.errors[0].traceback
+    assert set(Instance.objects.filter(id__in=ids).values_list("attempt", flat=True)) == {1}
+    testing.drain()
+    retried.refresh()
+    assert retried.return_value == {"attempt": 2, "errors": 1} and retried.attempts == 2
+    once.refresh()
+    assert once.status == TaskResultStatus.FAILED and once.attempts == 1
+    assert [e.exception_class_path for e in once.errors] == [f"gen_durable.exceptions.{cause}"]
+    assert "max_attempts (1)" in Instance.objects.get(id=int(once.id)).last_error
+
+
+def test_a_machine_row_handed_back_keeps_no_attempt_log():
+    from gen_durable.worker import claims
+    from tests.factories import ExecutingFactory
+
+    row = ExecutingFactory(locked_by="host-8-w1")
+    assert claims.abandon([row.id], "host-8-w1", 2.0) == [row.id]
+    row.refresh_from_db()
+    assert (row.status, row.attempt, row.attempt_log) == ("runnable", 1, None)
+
+
 def test_backend_options_are_validated():
     """Invalid settings do not raise when the backend is built (the framework builds it
     while apps' tasks.py modules import, and in its system check); every use raises."""
