@@ -189,3 +189,77 @@ def test_pipeline_runs_five_steps():
     assert tally["next"] >= 12 and tally["done"] >= 3
     for n, id_ in enumerate(ids):
         assert_done(id_, {"n": n, "bucket": n})
+
+
+# --- scripts/demo: a DATABASE_URL naming a database the server lacks ----------------------
+
+def _url_for(name, **changes):
+    """A DATABASE_URL reaching the test server (TCP or a socket directory) for database `name`."""
+    from urllib.parse import quote, urlencode
+
+    from django.db import connection
+
+    conf = {**connection.settings_dict, **changes}
+    auth = quote(conf["USER"] or "", safe="") + (f":{quote(conf['PASSWORD'], safe='')}" if conf["PASSWORD"] else "")
+    query = {k: v for k, v in (("host", conf["HOST"]), ("port", conf["PORT"])) if v not in (None, "")}
+    return f"postgresql://{auth}@/{name}?{urlencode(query)}"
+
+
+def test_ensure_database_creates_the_database_database_url_names(monkeypatch):
+    """The new user's `DATABASE_URL=postgres://…/newuser_demo scripts/demo` died after
+    bootstrap in `migrate` with `database "newuser_demo" does not exist`."""
+    import psycopg
+
+    import devdb
+
+    name = f"gd_demo_created_{os.getpid()}"
+    monkeypatch.setenv("DATABASE_URL", _url_for(name))
+    try:
+        assert devdb.ensure_database() == name
+        with psycopg.connect(_url_for(name)) as conn:  # it exists and takes connections
+            assert conn.execute("SELECT current_database()").fetchone() == (name,)
+        assert devdb.ensure_database() is None  # a second run: nothing to do
+    finally:
+        with psycopg.connect(_url_for("postgres"), autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def test_ensure_database_fails_in_one_line_when_the_server_cannot_be_used(monkeypatch):
+    import socket
+
+    import devdb
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("DATABASE_URL", f"postgres://someone:s3cret@127.0.0.1:{port}/newuser_demo")
+    with pytest.raises(SystemExit) as exc:
+        devdb.ensure_database()
+    message = str(exc.value.code)
+    assert message.startswith("cannot use database 'newuser_demo' of DATABASE_URL=postgres://someone:***@127.0.0.1:")
+    assert "\n" not in message and "s3cret" not in message and "refused" in message
+    monkeypatch.setenv("DATABASE_URL", "mysql://a@b/c")
+    with pytest.raises(SystemExit, match="not a PostgreSQL URL"):
+        devdb.ensure_database()
+    monkeypatch.delenv("DATABASE_URL")
+    assert devdb.ensure_database() is None  # the embedded server: its postgres database exists
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("embedded", [True, False])
+def test_the_demos_closing_hint_keeps_database_url_when_it_was_used(monkeypatch, embedded):
+    from io import StringIO
+
+    import devdb
+    from shop.management.commands.demo import Command
+
+    monkeypatch.setattr(devdb, "EMBEDDED", embedded)
+    monkeypatch.setenv("DATABASE_URL", "postgres://demo:pw@db.internal:5432/newuser_demo")
+    out = StringIO()
+    Command(stdout=out).admin_user()
+    text = out.getvalue()
+    assert "../.venv/bin/python manage.py runserver" in text
+    if embedded:
+        assert "DATABASE_URL" not in text
+    else:
+        assert "keep DATABASE_URL set (postgres://demo:***@db.internal:5432/newuser_demo) and run" in text

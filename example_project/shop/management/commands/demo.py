@@ -84,7 +84,13 @@ class Command(BaseCommand):
         user.set_password(password)
         user.save()
         self.say(self.style.MIGRATE_HEADING("7. admin"))
-        self.say("  run `cd example_project && ../.venv/bin/python manage.py runserver` (and `manage.py rundurable`),")
+        import devdb
+
+        if devdb.EMBEDDED:  # the next manage.py reuses the embedded server by itself
+            self.say("  run `cd example_project && ../.venv/bin/python manage.py runserver` (and `manage.py rundurable`),")
+        else:  # without it the settings would start the embedded server: another, empty database
+            self.say(f"  keep DATABASE_URL set ({devdb.shown_url(os.environ['DATABASE_URL'])}) and run")
+            self.say("  `cd example_project && ../.venv/bin/python manage.py runserver` (and `manage.py rundurable`),")
         self.say("  then open http://localhost:8000/admin/ — instances, inboxes, the queue overview")
         self.say(f"  superuser: demo-admin  password: {password}  (a new password on every demo run)")
 
