@@ -4,8 +4,8 @@ When `DATABASE_URL` is unset, start (or reuse) a Postgres from the `embedded-pos
 wheel in `<checkout>/.pgdata` (git-ignored) and return its URL. The server keeps
 running after the process exits so the next run reuses it in milliseconds.
 
-`python -c "import devdb; devdb.ensure_database()"` (scripts/demo runs it before
-`migrate`) creates the database a user's DATABASE_URL names when the server lacks it.
+`python devdb.py` (`ensure_database`; scripts/demo runs it before `migrate`) creates
+the database a user's DATABASE_URL names when the server lacks it.
 """
 
 import os
