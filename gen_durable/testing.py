@@ -74,6 +74,11 @@ def drain(queue: str | None = None, *, with_scheduled: bool = True, max_steps: i
                 tally["stale" if result.stale else KIND_NAMES[entry.kind]] += 1
                 ran += 1
         if not ran:
+            # Async steps reached the database through asgiref's shared sync thread: close
+            # its connection, or the test database could not be dropped at the session's end.
+            from .worker import aio
+
+            aio.close_sync_thread_connections()
             return tally
 
 

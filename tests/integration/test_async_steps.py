@@ -245,6 +245,19 @@ def test_drain_runs_async_steps_in_the_calling_thread(db):
     assert Instance.objects.get(id=id_).result["via"] == "next"
 
 
+@pytest.mark.django_db(transaction=True)
+def test_drain_leaves_no_connection_of_async_steps_open(queue_name):
+    """An async step's database work goes through asgiref's shared sync thread; drain()
+    closes that connection, or pytest could not drop the test database at the end."""
+    id_ = gd.insert(AsyncAppName, queue=queue_name)
+    drain(queue_name)
+    assert Instance.objects.get(id=id_).result["application_name"].startswith("gen_durable async steps")
+    with connection.cursor() as cur:
+        cur.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND application_name LIKE 'gen_durable async steps%%'")
+        assert cur.fetchone()[0] == 0
+
+
 @pytest.mark.slow
 def test_sigterm_drains_in_flight_async_steps_and_exits_0(committed, queue_name, tmp_path):
     from tests.races.test_faults import ROOT, RUNDURABLE
