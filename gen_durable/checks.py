@@ -463,6 +463,29 @@ def check_machine_queues(app_configs=None, **kwargs):
 
 
 @register(Tags.database)
+def check_connection_budget(app_configs=None, databases=None, **kwargs):
+    """E031: one `rundurable` process with GEN_DURABLE['QUEUES'] needs more connections than
+    the server allows (`rundurable` refuses such a start too, with its own --queue and
+    --processes figures; docs/reliability.md, "Connections")."""
+    s = get_settings()
+    if not databases or s.DATABASE not in databases or not isinstance(s.QUEUES, dict):
+        return []
+    from django.db import DatabaseError
+
+    from .worker.connections import ConnectionBudgetError, check_budget, connection_need
+
+    try:
+        check_budget(connection_need(s.QUEUES))
+    except ConnectionBudgetError as exc:
+        return [Error(f"{exc}".replace("--processes", "processes"),
+                      hint="Each sync step thread may hold a connection: see docs/reliability.md, "
+                           "\"Connections\", for the formula.", id=ID + "E031")]
+    except DatabaseError:  # no server: other checks report that
+        return []
+    return []
+
+
+@register(Tags.database)
 def check_runnable_queues(app_configs=None, databases=None, **kwargs):
     """W006: runnable rows wait in queues GEN_DURABLE['QUEUES'] does not name (an insert with
     a misspelt `queue=`): no worker started from these settings would run them."""

@@ -560,3 +560,22 @@ def test_limits_that_could_never_apply_are_rejected(overrides, needle):
     assert needle in messages[0].msg
     with pytest.raises(ImproperlyConfigured):
         parse(overrides.get("RATE_LIMITS"), overrides.get("CONCURRENCY_LIMITS"))
+
+
+@pytest.mark.django_db
+def test_queues_that_cannot_fit_max_connections_are_an_error_with_database(settings):
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute("SHOW max_connections")
+        limit = int(cur.fetchone()[0])
+    settings.GEN_DURABLE = {**settings.GEN_DURABLE, "QUEUES": {"default": limit}}
+    (error,) = checks.check_connection_budget(databases=["default"])
+    assert error.id == "gen_durable.E031"
+    need = int(error.msg.split("needs up to ", 1)[1].split()[0])
+    assert need > limit  # the step threads alone take every slot, the roles come on top
+    assert f"1 process(es) × ({limit} step threads + 1 async steps + 1 feeders + 1 flusher" in error.msg
+    assert f"max_connections {limit}" in error.msg and "--processes" not in error.msg
+    assert checks.check_connection_budget() == []  # only with --database
+    settings.GEN_DURABLE = {**settings.GEN_DURABLE, "QUEUES": {"default": 4}}
+    assert checks.check_connection_budget(databases=["default"]) == []
