@@ -89,6 +89,7 @@ def workload(url: str, *, n: int = N, workers: int = WORKERS, conn_max_age: str 
         env=_env(url, conn_max_age),
         cwd=harness.BENCH_DIR,
         timeout=timeout,
+        gate_table=TABLE, gate_waiters=workers,
     )
     left = harness.count(url, f"SELECT count(*) FROM {TABLE} WHERE status <> 'SUCCESSFUL'")
     if left:

@@ -93,6 +93,7 @@ def workload(url: str, *, n: int = N, workers: int = WORKERS, concurrency: int =
         expected=n,
         cwd=harness.BENCH_DIR,
         timeout=timeout,
+        gate_table="procrastinate_jobs", gate_waiters=workers,
     )
     left = harness.count(url, "SELECT count(*) FROM procrastinate_jobs WHERE status <> 'succeeded'")
     if left:

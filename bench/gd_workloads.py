@@ -33,7 +33,13 @@ DONE_SQL = "SELECT count(*) FROM gen_durable WHERE status = 'done'"
 def _env(db_url: str, engine: dict | None = None) -> dict:
     env = dict(os.environ)
     env["DATABASE_URL"] = db_url
-    env["GEN_DURABLE_JSON"] = json.dumps(engine or {})
+    engine = dict(engine or {})
+    if "QUEUES" in engine:
+        # The example's TASKS backend names "email" (E061 refuses a TASKS queue that
+        # GEN_DURABLE['QUEUES'] lacks); `rundurable --queue default=N` still serves
+        # only "default".
+        engine["QUEUES"] = {"orders": 8, "email": 4, **engine["QUEUES"]}
+    env["GEN_DURABLE_JSON"] = json.dumps(engine)
     env["GEN_DURABLE_POLL_INTERVAL"] = "0.05"
     env["GEN_DURABLE_MAX_POLL_INTERVAL"] = "0.5"
     env.pop("DJANGO_SETTINGS_MODULE", None)
@@ -64,8 +70,30 @@ print(json.dumps({{"enqueue_s": time.perf_counter() - t}}))
 """
 
 
+SIZES_SQL = """SELECT pg_total_relation_size('gen_durable'), pg_relation_size('gen_durable'),
+       pg_indexes_size('gen_durable'), n_live_tup, n_dead_tup, autovacuum_count, autoanalyze_count
+FROM pg_stat_user_tables WHERE relid = 'gen_durable'::regclass"""
+SIZES_COLS = ("total_bytes", "heap_bytes", "indexes_bytes", "n_live_tup", "n_dead_tup",
+              "autovacuum_count", "autoanalyze_count")
+
+
+def _startup_note(res: dict) -> str:
+    if res.get("startup") == "outside":
+        return (f"start-up outside the clock (gate: workers ready after {res['startup_s']:.2f}s, "
+                "clock starts when the gate opens)")
+    return "clock includes worker start-up"
+
+
 def drain(n: int, concurrency: int, processes: int, *, machine="noop", steps_per=1, prefetch=None,
-          min_demand=None, max_batch=100):
+          min_demand=None, max_batch=100, supervisor=False, producer: dict | None = None):
+    """A drain of ``n`` pre-filled jobs by ``processes`` `rundurable --burst` workers.
+
+    supervisor: one `rundurable --processes N` (its own supervisor forks the children)
+    instead of N separately spawned children. producer: {"prefill", "backlog", "batch"}
+    — pre-fill only ``prefill`` rows and insert the rest from a producer process during
+    the drain, topping the runnable backlog up to ``backlog`` in insert_all batches of
+    ``batch`` (continuous inserts); table/index sizes are sampled at every quarter.
+    """
     knobs = {"QUEUES": {"default": concurrency}, "FLUSH": {"MAX_BATCH": max_batch, "MAX_DELAY": 0.005}}
     if prefetch is not None:
         knobs["PREFETCH"] = prefetch
@@ -74,22 +102,62 @@ def drain(n: int, concurrency: int, processes: int, *, machine="noop", steps_per
 
     def workload(db_url: str) -> dict:
         _manage(db_url, "migrate", "-v0")
-        fill = _shell(db_url, FILL.format(machine=machine, n=n))
+        fill = _shell(db_url, FILL.format(machine=machine, n=producer["prefill"] if producer else n))
         harness.settle(db_url)
-        cmd = [PY, "manage.py", "rundurable", "--burst", "--queue", f"default={concurrency}",
-               "--no-gc", "--no-reaper", "-v0"]
-        cmds = [cmd + [f"--child={i}"] for i in range(processes)]
+        cmd = [PY, "manage.py", "rundurable", "--queue", f"default={concurrency}", "--no-gc", "--no-reaper", "-v0"]
+        if not producer:
+            cmd.insert(3, "--burst")  # with a producer, the queue may run dry for a moment
+        if supervisor:
+            cmds = [cmd + ["--processes", str(processes)]]
+        else:
+            cmds = [cmd + [f"--child={i}"] for i in range(processes)]
+        env_knobs = dict(knobs)
+        if harness.STARTUP == "outside":
+            # A first pick waits at the start-up gate (a table lock) for a second or two;
+            # LOCK_TIMEOUT (5 s) must not cut it off. No drain here waits on a row lock.
+            env_knobs["LOCK_TIMEOUT"] = 30
+        extra = []
+        if producer:
+            extra = [[PY, "manage.py", "shell", "-c", PRODUCER.format(machine=machine, total=n - producer["prefill"],
+                                                                       backlog=producer["backlog"],
+                                                                       batch=producer["batch"])]]
+        q = n // 4
         res = harness.drain_with_processes(cmds, done_url=db_url, done_sql=DONE_SQL, expected=n,
-                                           env=_env(db_url, knobs), cwd=PROJECT, timeout=600)
+                                           env=_env(db_url, env_knobs), cwd=PROJECT, timeout=600,
+                                           gate_table="gen_durable", gate_waiters=processes,
+                                           marks=[0, q, 2 * q, 3 * q, n], mark_sql=SIZES_SQL, extra_procs=extra)
         steps = n * steps_per
         sample = harness.rate_sample(steps, res["elapsed_s"], unit="steps/s" if steps_per > 1 else "jobs/s")
+        sizes = [dict(zip(("mark", "t"), (m["mark"], round(m["t"], 2)))) | dict(zip(SIZES_COLS, m["row"] or ()))
+                 for m in res["marks"]]
         return sample | {
-                "enqueue_s": fill["enqueue_s"], "enqueue_rate": n / fill["enqueue_s"],
-                "knobs": {**knobs, "processes": processes, "machine": machine},
-                "workers_cpu_s": res.get("workers_cpu_s"),
-                "note": "clock includes worker start-up, as for every drain here"}
+                "enqueue_s": fill["enqueue_s"], "enqueue_rate": (producer["prefill"] if producer else n) / fill["enqueue_s"],
+                "knobs": {**knobs, "processes": processes, "machine": machine,
+                          **({"supervisor": "rundurable --processes N"} if supervisor else {}),
+                          **({"producer": producer} if producer else {})},
+                "workers_cpu_s": res.get("workers_cpu_s"), "startup_s": res.get("startup_s"),
+                "sizes": sizes,
+                "note": _startup_note(res)}
 
     return workload
+
+
+PRODUCER = """
+import time, gen_durable as gd
+from django.db import connection
+from shop.durable import {machine} as M
+left = {total}
+while left:
+    with connection.cursor() as c:
+        c.execute("SELECT count(*) FROM gen_durable WHERE status = 'runnable'")
+        backlog = c.fetchone()[0]
+    if backlog >= {backlog}:
+        time.sleep(0.02)
+        continue
+    k = min({batch}, left, {backlog} - backlog)
+    gd.insert_all([gd.Spec(M, state={{"p": left - j}}) for j in range(k)])
+    left -= k
+"""
 
 
 def insert_all_rate(db_url: str) -> dict:
@@ -216,9 +284,10 @@ print(json.dumps({"lat": lat}))""")
             "note": f"insert→done on the database clock, idle worker polling every 5 s (NOTIFY wake-up); p99 {p99*1000:.1f} ms"}
 
 
-def sustained(n=200_000, concurrency=50, processes=2):
-    """Drain n jobs; report the rate of each quarter (by completion order)."""
-    inner = drain(n, concurrency, processes, prefetch=concurrency, min_demand=concurrency // 2)
+def sustained(n=200_000, concurrency=50, processes=2, producer=None):
+    """Drain n jobs; report the rate of each quarter (by completion order) and the
+    table/index sizes when each quarter was done."""
+    inner = drain(n, concurrency, processes, prefetch=concurrency, min_demand=concurrency // 2, producer=producer)
 
     def workload(db_url: str) -> dict:
         out = inner(db_url)
@@ -232,8 +301,12 @@ def sustained(n=200_000, concurrency=50, processes=2):
             rates.append(len(part) / max(float(part[-1]) - float(part[0]), 1e-6))
         out["quarter_rates"] = [round(r) for r in rates]
         out["last_vs_first"] = round(rates[3] / rates[0], 3)
+        mb = lambda b: f"{b / 2**20:,.0f}"  # noqa: E731
+        sz = "; ".join(f"{m['mark']:,}: {mb(m['heap_bytes'])}+{mb(m['indexes_bytes'])} MB, dead {m['n_dead_tup']:,},"
+                       f" av {m['autovacuum_count']}" for m in out["sizes"] if m.get("heap_bytes") is not None)
         out["note"] = (f"quarters (jobs/s): {', '.join(f'{r:,.0f}' for r in rates)}; "
-                       f"last/first = {rates[3] / rates[0]:.2f}")
+                       f"last/first = {rates[3] / rates[0]:.2f}; {out['note']}; sizes at done = "
+                       f"heap+indexes: {sz}")
         return out
 
     return workload
@@ -262,4 +335,16 @@ WORKLOADS = {
     "gd_signal": signal_rate,
     "gd_idle_latency": idle_latency,
     "gd_sustained_200k": sustained(),
+    # The same drain named as the 200k comparison with pgqueuer_200k / raw_claim_complete_200k.
+    "gd_drain_200k_c50_p2": sustained(),
+    # 50k pre-filled; a producer process tops the runnable backlog up to 30k until
+    # 200k were inserted, while 2 workers drain (autovacuum's server: its vacuums run).
+    "gd_sustained_inserts_200k": sustained(producer={"prefill": 50_000, "backlog": 30_000, "batch": 2_000}),
+    # Multi-process scaling: one `rundurable --processes N` (its supervisor forks N).
+    "gd_drain_c16_procs1": drain(20_000, 16, 1, prefetch=200, min_demand=50, supervisor=True),
+    "gd_drain_c16_procs2": drain(20_000, 16, 2, prefetch=200, min_demand=50, supervisor=True),
+    "gd_drain_c16_procs4": drain(20_000, 16, 4, prefetch=200, min_demand=50, supervisor=True),
 }
+
+# Drains whose clock can start inside or outside worker start-up (run_all.py --startup).
+STARTUP_SENSITIVE = {name for name in WORKLOADS if name.startswith(("gd_drain", "gd_pipeline", "gd_sustained"))}

@@ -34,12 +34,14 @@ import tasks_backends  # noqa: E402
 
 RAW_WORKLOADS: dict[str, harness.Workload] = {
     "raw_claim_complete": raw_ceiling.claim_complete,
+    "raw_claim_complete_200k": lambda url: raw_ceiling.claim_complete(url, n=200_000),
     "raw_insert_unnest": raw_ceiling.insert_unnest,
     "raw_insert_unnest_text": lambda url: raw_ceiling.insert_unnest(url, text_params=True),
 }
 
 ALTERNATIVE_WORKLOADS: dict[str, harness.Workload] = {
     "pgqueuer": alt_pgqueuer.workload,
+    "pgqueuer_200k": lambda url: alt_pgqueuer.workload(url, n=200_000),
     "procrastinate": alt_procrastinate.workload,
     "django_tasks_db": alt_django_tasks_db.workload,
     # The same 20,000-task drain as tasks_gen_durable (bench/tasks_backends.py runs both).
@@ -68,6 +70,12 @@ WORKLOADS: dict[str, harness.Workload] = {
     **RAW_WORKLOADS,
 }
 
+# Drains timed by harness.drain_with_processes: --startup outside runs them with worker
+# start-up outside the clock (results key NAME@outside). The raw ceiling's clients always
+# connect before its start signal; inserts have no workers.
+STARTUP_SENSITIVE = gd_workloads.STARTUP_SENSITIVE | {
+    "tasks_gen_durable", "pgqueuer", "pgqueuer_200k", "procrastinate", "django_tasks_db", "tasks_django_tasks_db"}
+
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -75,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="", help="comma-separated benchmark names to run")
     ap.add_argument("--list", action="store_true", help="list registered benchmarks and exit")
     ap.add_argument("--no-save", action="store_true", help="print only; do not touch bench/results/")
+    ap.add_argument("--startup", choices=("inside", "outside", "both"), default="inside",
+                    help="worker start-up inside the drain clock, outside it (the start-up gate; results "
+                         "key NAME@outside), or both (each drain twice, other benchmarks once)")
     a = ap.parse_args(argv)
 
     if a.list:
@@ -87,19 +98,36 @@ def main(argv: list[str] | None = None) -> int:
         print(f"unknown benchmark(s): {', '.join(unknown)}; known: {', '.join(WORKLOADS)}", file=sys.stderr)
         return 2
 
-    print(f"server: {harness.server_url()}  runs: {a.runs}")
-    summaries, failed = [], []
+    label = harness.server_label()
+    print(f"server: {harness.server_url()} ({label})  runs: {a.runs}  startup: {a.startup}")
+    modes = ["inside", "outside"] if a.startup == "both" else [a.startup]
+    jobs = []
     for name in names:
-        print(f"== {name}")
+        for mode in modes:
+            if mode == "outside" and name not in STARTUP_SENSITIVE:
+                if a.startup == "outside":
+                    print(f"== {name}: no worker start-up to move out of the clock; run as is")
+                    jobs.append((name, name, "inside"))
+                continue
+            jobs.append((name if mode == "inside" else f"{name}@outside", name, mode))
+    summaries, failed = [], []
+    t_all = time.perf_counter()
+    for key, name, mode in jobs:
+        print(f"== {key}")
         t0 = time.perf_counter()
+        harness.STARTUP = mode
         try:
-            summaries.append(harness.run_benchmark(name, WORKLOADS[name], a.runs))
+            summaries.append(harness.run_benchmark(key, WORKLOADS[name], a.runs))
         except Exception:
-            failed.append(name)
+            failed.append(key)
             traceback.print_exc()
+        finally:
+            harness.STARTUP = "inside"
         print(f"   ({time.perf_counter() - t0:.0f}s)")
-    if summaries and not a.no_save:
-        harness.save_results(summaries, env=harness.environment())
+        # Save as we go: a long run that dies keeps what it measured.
+        if summaries and not a.no_save:
+            harness.save_results(summaries, env=harness.environment(), label=label)
+    print(f"total {time.perf_counter() - t_all:.0f}s")
     print()
     harness.print_table(summaries)
     if not a.no_save:

@@ -46,6 +46,8 @@ class Claimed:
     raw_state: str | None = None  # the state as committed (JSON text): an inline continuation
     #                               that keeps the state starts from it, not from a mutated ctx.state
     prefetched: bool = False  # claimed beyond the free slots: re-checked before it starts
+    checked: float | None = None  # monotonic time of the last re-check that found it still ours
+    lost: bool = False  # a re-check found it cancelled or reaped: it must not start
 
 
 def pick(queue: str, limit: int, worker: str, ttl: float, *, gates=(), using=None, limiter=None,

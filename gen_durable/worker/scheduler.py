@@ -14,6 +14,7 @@ wakes it when it has room.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import threading
 import time
@@ -46,6 +47,14 @@ LIMITED_WINDOW = 500
 # server or a NAT may have dropped it), closed after STEP_IDLE_RELEASE s without work.
 STEP_HEALTH_CHECK_AFTER = 1.0
 STEP_IDLE_RELEASE = 30.0
+# The re-check of prefetched rows before they start (`Scheduler._still_ours`): the claim
+# itself proves a row ours, and so does a re-check; a row starts without another probe
+# for RECHECK_FRESH s after either. Past that, one statement re-checks the starting row
+# with up to RECHECK_BATCH - 1 stale prefetched rows queued behind it. A cancel that
+# commits within the window is caught by the flush guard instead (the step runs; its
+# outcome is dropped), as for a running step.
+RECHECK_BATCH = 500
+RECHECK_FRESH = 0.05
 
 
 class Abandoned(Exception):
@@ -283,8 +292,10 @@ class Scheduler:
                     # Rows beyond the free slots wait in the buffer (PREFETCH): they
                     # re-check their claim before starting (`_still_ours`).
                     free = max(self.concurrency - self.running - len(self.buffer), 0)
+                    claimed_at = time.monotonic()
                     for job in jobs[free:]:
                         job.prefetched = True
+                        job.checked = claimed_at  # the claim just proved it ours
                     self.buffer.extend(jobs)
                     self._dispatch_locked()
         telemetry.emit("scheduler.saturation", {"in_flight": len(self.in_flight), "buffer": len(self.buffer),
@@ -468,10 +479,8 @@ class Scheduler:
                 c.close()
 
     def _still_ours(self, job) -> bool:
-        """Whether `job` may start. A row claimed beyond the free slots (PREFETCH) waited
-        in the buffer: it is checked first (one primary-key probe), so a row cancelled
-        while it waited never runs its step. Rows claimed for a free slot start at once
-        without the check, so with PREFETCH = 0 the hot path is unchanged."""
+        """Whether `job` may start (a sync step's row): see `_owned`. A row dropped here
+        gives its slot back at once."""
         if not job.prefetched or self._owned(job):
             return True
         self.settle([job.id], completed=False)
@@ -482,13 +491,34 @@ class Scheduler:
         return False
 
     def _owned(self, job) -> bool:
-        """One primary-key probe: does this worker still hold buffered `job`? (False: it was
-        cancelled or lost its claim while it waited; logged and reported as stale.)"""
-        try:
-            if job.id in still_owned([job.id], self.worker_id, self.using):
+        """Whether this worker still holds `job`, a row claimed beyond the free slots
+        (PREFETCH) that waited in the buffer. Once it waited RECHECK_FRESH seconds since
+        its claim (or its last re-check), it is re-checked, so a row cancelled while it
+        waited does not run its step. One statement re-checks it together with the stale
+        prefetched rows queued behind it (up to RECHECK_BATCH): a prefetch-heavy drain
+        pays no probe for rows that start soon after their claim and one per buffer's
+        worth of the others, instead of one round trip per row
+        (docs/performance.md#profile). Rows claimed for a free slot start at once without
+        the check, so with PREFETCH = 0 the hot path is unchanged. Used by sync steps'
+        threads and (through sync_to_async) by async steps. False: logged and reported
+        as stale."""
+        now = time.monotonic()
+        if not job.lost and (job.checked is None or now - job.checked > RECHECK_FRESH):
+            with self._lock:
+                batch = [job] + [b for b in itertools.islice(self.buffer, RECHECK_BATCH)
+                                 if getattr(b, "prefetched", False) and not b.lost and b is not job
+                                 and (b.checked is None or now - b.checked > RECHECK_FRESH)]
+                for b in batch:
+                    b.checked = now  # taken: another step thread does not re-check them too
+            try:
+                owned = still_owned([b.id for b in batch], self.worker_id, self.using)
+            except Exception:
+                logger.warning("could not re-check buffered row %s#%s; running it", job.fsm, job.id, exc_info=True)
                 return True
-        except Exception:
-            logger.warning("could not re-check buffered row %s#%s; running it", job.fsm, job.id, exc_info=True)
+            for b in batch:
+                if b.id not in owned:
+                    b.lost = True  # dropped here or when a step thread takes it
+        if not job.lost:
             return True
         logger.info("%s#%s was cancelled or lost its claim while buffered; its step %r does not run",
                     job.fsm, job.id, job.step)

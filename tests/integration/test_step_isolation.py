@@ -4,6 +4,7 @@ outcome with a readable last_error, and user backoff values never overflow
 (docs/design.md#isolation)."""
 
 import logging
+import time
 
 import pytest
 from django.db import connection, connections, transaction
@@ -11,6 +12,7 @@ from django.db import connection, connections, transaction
 import gen_durable as gd
 from gen_durable.models import Instance
 from gen_durable.testing import assert_failed, drain
+from gen_durable.worker import scheduler
 from tests.conftest import wait_until
 
 SIDE = "gd_test_side_effects"
@@ -156,6 +158,9 @@ def test_a_row_cancelled_while_buffered_never_runs_its_step(engine, queue_name, 
     buffered = gd.insert_all([gd.Spec(Blocker, queue=queue_name) for _ in range(3)])
     wait_until(lambda: Instance.objects.filter(id__in=buffered, status="executing").count() == 3,
                timeout=30, what="three rows claimed into the buffer")
+    # The claim proves a row ours for RECHECK_FRESH s (a cancel within it is caught by
+    # the flush guard, as for a running step); this cancel comes after it.
+    time.sleep(scheduler.RECHECK_FRESH * 2)
     for id_ in buffered:
         gd.cancel(id_, "customer left")
     GATE.set()
@@ -164,3 +169,31 @@ def test_a_row_cancelled_while_buffered_never_runs_its_step(engine, queue_name, 
     wait_until(lambda: Instance.objects.filter(id=later, status="done").exists(), timeout=30, what="later done")
     assert RAN == [later]  # no cancelled row ran its step
     assert set(Instance.objects.filter(id__in=buffered).values_list("status", flat=True)) == {"failed"}
+
+
+def test_buffered_rows_past_their_window_are_rechecked_in_one_statement(engine, queue_name, settings, monkeypatch):
+    """Four rows wait in the buffer past RECHECK_FRESH: the first to start re-checks all
+    four in one still_owned statement (not one round trip each), and all of them run."""
+    settings.GEN_DURABLE = {**settings.GEN_DURABLE, "PREFETCH": 5}
+    calls = []
+    real = scheduler.still_owned
+
+    def counting(ids, worker, using=None):
+        calls.append(sorted(ids))
+        return real(ids, worker, using)
+
+    monkeypatch.setattr(scheduler, "still_owned", counting)
+    RAN.clear()
+    GATE.clear()
+    blocker = gd.insert(Blocker, state={"block": True}, queue=queue_name)
+    engine({queue_name: 1})
+    wait_until(lambda: Instance.objects.filter(id=blocker, status="executing").exists(), what="blocker running")
+    buffered = gd.insert_all([gd.Spec(Blocker, queue=queue_name) for _ in range(4)])
+    wait_until(lambda: Instance.objects.filter(id__in=buffered, status="executing").count() == 4,
+               timeout=30, what="four rows claimed into the buffer")
+    time.sleep(scheduler.RECHECK_FRESH * 2)
+    GATE.set()
+    wait_until(lambda: Instance.objects.filter(id__in=buffered, status="done").count() == 4, timeout=30,
+               what="buffered rows done")
+    assert calls == [sorted(buffered)]
+    assert sorted(RAN) == sorted(buffered)
