@@ -118,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         harness.STARTUP = mode
         try:
             summaries.append(harness.run_benchmark(key, WORKLOADS[name], a.runs))
+            if summaries[-1].get("note"):
+                print(f"   note (first run): {summaries[-1]['note']}")
         except Exception:
             failed.append(key)
             traceback.print_exc()
