@@ -324,6 +324,11 @@ WORKLOADS = {
     # The same machine with inline continuation (run it with the line above: --only both).
     "gd_pipeline_5step_inline_c50_p2": drain(4_000, 50, 2, machine="InlinePipeline", steps_per=5,
                                              prefetch=50, min_demand=25),
+    # Inline continuation with the few-thread, deep-prefetch configuration of gd_drain_c16_p2:
+    # a continuation waits for its flush without holding a thread, so more claimed rows
+    # (PREFETCH) keep the threads busy meanwhile.
+    "gd_pipeline_5step_inline_c16_p2": drain(4_000, 16, 2, machine="InlinePipeline", steps_per=5,
+                                             prefetch=200, min_demand=50),
     # 1,000 `async def` steps that each await 1 s, at concurrency 1,000 in one process:
     # the elapsed time (clock includes worker start-up) shows they overlap.
     "gd_async_1000x1s_c1000_p1": drain(1_000, 1000, 1, machine="AsyncPing", prefetch=0),
