@@ -690,6 +690,15 @@ TARGETS = [
 ]
 
 
+def _hours_apart(a: dict, b: dict) -> float:
+    try:
+        ta = _dt.datetime.fromisoformat(a["measured_at"])
+        tb = _dt.datetime.fromisoformat(b["measured_at"])
+    except (KeyError, TypeError, ValueError):
+        return 0.0
+    return abs((ta - tb).total_seconds()) / 3600
+
+
 def render_targets(benchmarks: dict, label: str = "") -> list[str]:
     """The docs/design.md#performance-contract ratio targets, computed from the medians present (by how much met or missed)."""
     lines = [f"### Targets ({label}; docs/design.md#performance-contract, ratios of medians)" if label else
@@ -701,6 +710,8 @@ def render_targets(benchmarks: dict, label: str = "") -> list[str]:
             continue
         ratio = a["rate_median"] / b["rate_median"]
         verdict = "yes" if ratio >= need else f"no — {ratio / need:.0%} of the bar"
+        if _hours_apart(a, b) > 6:  # a ratio is only meaningful within one sitting
+            verdict += f" (sides measured {_hours_apart(a, b):.0f} h apart)"
         lines.append(f"| {tlabel} | {a['rate_median']:,.0f} | {b['rate_median']:,.0f} | {ratio:.2f} | {need:g} | {verdict} |")
     lat = benchmarks.get("gd_idle_latency")
     if lat:
