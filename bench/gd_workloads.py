@@ -284,10 +284,12 @@ print(json.dumps({"lat": lat}))""")
             "note": f"insert→done on the database clock, idle worker polling every 5 s (NOTIFY wake-up); p99 {p99*1000:.1f} ms"}
 
 
-def sustained(n=200_000, concurrency=50, processes=2, producer=None):
+def sustained(n=200_000, concurrency=50, processes=2, producer=None, prefetch=None, min_demand=None, max_batch=100):
     """Drain n jobs; report the rate of each quarter (by completion order) and the
     table/index sizes when each quarter was done."""
-    inner = drain(n, concurrency, processes, prefetch=concurrency, min_demand=concurrency // 2, producer=producer)
+    inner = drain(n, concurrency, processes, prefetch=concurrency if prefetch is None else prefetch,
+                  min_demand=concurrency // 2 if min_demand is None else min_demand, max_batch=max_batch,
+                  producer=producer)
 
     def workload(db_url: str) -> dict:
         out = inner(db_url)
@@ -345,6 +347,12 @@ WORKLOADS = {
     # 50k pre-filled; a producer process tops the runnable backlog up to 30k until
     # 200k were inserted, while 2 workers drain (autovacuum's server: its vacuums run).
     "gd_sustained_inserts_200k": sustained(producer={"prefill": 50_000, "backlog": 30_000, "batch": 2_000}),
+    # Round 2's tuned configuration (a 200k sweep, start-up outside, one run each: 2 × 16,
+    # PREFETCH 200, MIN_DEMAND 50, FLUSH.MAX_BATCH 300 ≈ 17.1k jobs/s; 2 × 16 / 500 / 200 /
+    # 500 ≈ 16.3k; 2 × 32 / 300 / 100 / 300 ≈ 13.9k; the fixed 2 × 50 / 50 / 25 / 100 ≈ 12.2k):
+    # few threads, a deep buffer and larger group commits.
+    "gd_drain_c16_p2_fb300": drain(20_000, 16, 2, prefetch=200, min_demand=50, max_batch=300),
+    "gd_drain_200k_c16_p2_fb300": sustained(concurrency=16, prefetch=200, min_demand=50, max_batch=300),
     # Multi-process scaling: one `rundurable --processes N` (its supervisor forks N).
     "gd_drain_c16_procs1": drain(20_000, 16, 1, prefetch=200, min_demand=50, supervisor=True),
     "gd_drain_c16_procs2": drain(20_000, 16, 2, prefetch=200, min_demand=50, supervisor=True),
