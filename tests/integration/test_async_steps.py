@@ -14,6 +14,7 @@ from django.db import connection
 import gen_durable as gd
 from gen_durable.models import Instance
 from gen_durable.testing import drain
+from gen_durable.worker import scheduler
 from tests.conftest import wait_until
 from tests.durable_app.async_machines import (
     AsyncAppName,
@@ -95,6 +96,9 @@ def test_an_async_row_cancelled_while_buffered_never_runs_its_step(engine, queue
     buffered = gd.insert_all([gd.Spec(AsyncBlocker, queue=queue_name) for _ in range(3)])
     wait_until(lambda: Instance.objects.filter(id__in=buffered, status="executing").count() == 3,
                timeout=30, what="three rows claimed into the buffer")
+    # The claim proves a row ours for RECHECK_FRESH s (a cancel within it is caught by the
+    # outcome guard instead): cancel after it, so the re-check is what stops the steps.
+    time.sleep(scheduler.RECHECK_FRESH * 2)
     for id_ in buffered:
         gd.cancel(id_, "customer left")
     ASYNC_GATE.set()
