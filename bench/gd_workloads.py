@@ -248,6 +248,48 @@ def produce_rate(mode: str, n: int = 40_000):
     return workload
 
 
+def chain_latency(machine: str):
+    """Insert one 5-step `shop.<machine>` at a time into an idle worker; insert→done of the
+    whole chain on the database clock. With and without inline continuation (run both:
+    --only gd_chain_latency_5step,gd_chain_latency_5step_inline): what inline buys a lone
+    chain is the four re-picks (NOTIFY, wake, claim) between its steps."""
+
+    def workload(db_url: str) -> dict:
+        _manage(db_url, "migrate", "-v0")
+        env = _env(db_url, {"QUEUES": {"default": 4}, "POLL_INTERVAL": 5, "MAX_POLL_INTERVAL": 5})
+        env["GEN_DURABLE_POLL_INTERVAL"] = env["GEN_DURABLE_MAX_POLL_INTERVAL"] = "5"
+        proc = subprocess.Popen([PY, "manage.py", "rundurable", "--queue", "default=4", "--no-gc", "-v0"],
+                                cwd=PROJECT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                start_new_session=True)
+        try:
+            r = _shell(db_url, f"""
+import json, time, gen_durable as gd
+from django.db import connection
+from shop.durable import {machine}
+time.sleep(3)   # the worker is up and idle (poll interval 5 s: only NOTIFY wakes it fast)
+lat = []
+for i in range(100):
+    id_ = gd.insert({machine}, state={{"n": 0}})
+    res = gd.await_result(id_, 10, until="terminal")
+    assert res.status == "done", res
+    with connection.cursor() as c:
+        c.execute("SELECT extract(epoch FROM updated_at - inserted_at) FROM gen_durable WHERE id = %s", [id_])
+        lat.append(float(c.fetchone()[0]))
+    time.sleep(0.05)
+print(json.dumps({{"lat": lat}}))""")
+        finally:
+            proc.terminate()
+            proc.wait(15)
+        lat = sorted(r["lat"])
+        p50 = statistics.median(lat)
+        p99 = lat[int(len(lat) * 0.99) - 1]
+        return {"rate": p50 * 1000, "unit": "ms p50", "n": len(lat), "elapsed_s": sum(lat), "p99_ms": p99 * 1000,
+                "note": f"a lone 5-step {machine}: insert→done on the database clock, idle worker; "
+                        f"p99 {p99 * 1000:.1f} ms"}
+
+    return workload
+
+
 def idle_latency(db_url: str) -> dict:
     """Insert one job at a time into an idle worker; insert→done on the database clock."""
     _manage(db_url, "migrate", "-v0")
@@ -341,6 +383,8 @@ WORKLOADS = {
     "gd_produce_8threads_insert": produce_rate("insert"),
     "gd_signal": signal_rate,
     "gd_idle_latency": idle_latency,
+    "gd_chain_latency_5step": chain_latency("Pipeline"),
+    "gd_chain_latency_5step_inline": chain_latency("InlinePipeline"),
     "gd_sustained_200k": sustained(),
     # The same drain named as the 200k comparison with pgqueuer_200k / raw_claim_complete_200k.
     "gd_drain_200k_c50_p2": sustained(),
