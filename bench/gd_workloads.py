@@ -248,82 +248,61 @@ def produce_rate(mode: str, n: int = 40_000):
     return workload
 
 
-def chain_latency(machine: str):
-    """Insert one 5-step `shop.<machine>` at a time into an idle worker; insert→done of the
-    whole chain on the database clock. With and without inline continuation (run both:
-    --only gd_chain_latency_5step,gd_chain_latency_5step_inline): what inline buys a lone
-    chain is the four re-picks (NOTIFY, wake, claim) between its steps."""
-
-    def workload(db_url: str) -> dict:
-        _manage(db_url, "migrate", "-v0")
-        env = _env(db_url, {"QUEUES": {"default": 4}, "POLL_INTERVAL": 5, "MAX_POLL_INTERVAL": 5})
-        env["GEN_DURABLE_POLL_INTERVAL"] = env["GEN_DURABLE_MAX_POLL_INTERVAL"] = "5"
-        proc = subprocess.Popen([PY, "manage.py", "rundurable", "--queue", "default=4", "--no-gc", "-v0"],
-                                cwd=PROJECT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                start_new_session=True)
-        try:
-            r = _shell(db_url, f"""
+def _lone_latency(db_url: str, target: str, state: str, until: str) -> dict:
+    """Insert one `shop.durable.<target>` at a time (100 of them) into an idle worker (poll
+    interval 5 s: only NOTIFY wakes it fast); insert→done on the database clock."""
+    _manage(db_url, "migrate", "-v0")
+    env = _env(db_url, {"QUEUES": {"default": 4}, "POLL_INTERVAL": 5, "MAX_POLL_INTERVAL": 5})
+    env["GEN_DURABLE_POLL_INTERVAL"] = env["GEN_DURABLE_MAX_POLL_INTERVAL"] = "5"
+    proc = subprocess.Popen([PY, "manage.py", "rundurable", "--queue", "default=4", "--no-gc", "-v0"],
+                            cwd=PROJECT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    try:
+        r = _shell(db_url, f"""
 import json, time, gen_durable as gd
 from django.db import connection
-from shop.durable import {machine}
-time.sleep(3)   # the worker is up and idle (poll interval 5 s: only NOTIFY wakes it fast)
+from shop.durable import {target}
+time.sleep(3)   # the worker is up and idle
 lat = []
 for i in range(100):
-    id_ = gd.insert({machine}, state={{"n": 0}})
-    res = gd.await_result(id_, 10, until="terminal")
+    id_ = gd.insert({target}, state={state})
+    res = gd.await_result(id_, 10, until="{until}")
     assert res.status == "done", res
     with connection.cursor() as c:
         c.execute("SELECT extract(epoch FROM updated_at - inserted_at) FROM gen_durable WHERE id = %s", [id_])
         lat.append(float(c.fetchone()[0]))
     time.sleep(0.05)
 print(json.dumps({{"lat": lat}}))""")
-        finally:
-            proc.terminate()
-            proc.wait(15)
-        lat = sorted(r["lat"])
-        p50 = statistics.median(lat)
-        p99 = lat[int(len(lat) * 0.99) - 1]
-        return {"rate": p50 * 1000, "unit": "ms p50", "n": len(lat), "elapsed_s": sum(lat), "p99_ms": p99 * 1000,
-                "note": f"a lone 5-step {machine}: insert→done on the database clock, idle worker; "
-                        f"p99 {p99 * 1000:.1f} ms"}
-
-    return workload
-
-
-def idle_latency(db_url: str) -> dict:
-    """Insert one job at a time into an idle worker; insert→done on the database clock."""
-    _manage(db_url, "migrate", "-v0")
-    env = _env(db_url, {"QUEUES": {"default": 4}, "POLL_INTERVAL": 5, "MAX_POLL_INTERVAL": 5})
-    env["GEN_DURABLE_POLL_INTERVAL"] = "5"
-    env["GEN_DURABLE_MAX_POLL_INTERVAL"] = "5"
-    proc = subprocess.Popen([PY, "manage.py", "rundurable", "--queue", "default=4", "--no-gc", "-v0"],
-                            cwd=PROJECT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            start_new_session=True)
-    try:
-        r = _shell(db_url, """
-import json, time, gen_durable as gd
-from django.db import connection
-from shop.durable import noop
-time.sleep(3)   # the worker is up and idle (poll interval 5 s: only NOTIFY wakes it fast)
-lat = []
-for i in range(100):
-    id_ = gd.insert(noop, state={})
-    res = gd.await_result(id_, 10)
-    assert res.status == "done", res
-    with connection.cursor() as c:
-        c.execute("SELECT extract(epoch FROM updated_at - inserted_at) FROM gen_durable WHERE id = %s", [id_])
-        lat.append(float(c.fetchone()[0]))
-    time.sleep(0.05)
-print(json.dumps({"lat": lat}))""")
     finally:
         proc.terminate()
         proc.wait(15)
     lat = sorted(r["lat"])
     p50 = statistics.median(lat)
     p99 = lat[int(len(lat) * 0.99) - 1]
-    return {"rate": p50 * 1000, "unit": "ms p50", "n": len(lat), "elapsed_s": sum(lat),
-            "p99_ms": p99 * 1000,
-            "note": f"insert→done on the database clock, idle worker polling every 5 s (NOTIFY wake-up); p99 {p99*1000:.1f} ms"}
+    return {"rate": p50 * 1000, "unit": "ms p50", "n": len(lat), "elapsed_s": sum(lat), "p99_ms": p99 * 1000}
+
+
+def chain_latency(machine: str):
+    """A lone 5-step `shop.<machine>` at a time into an idle worker: insert→done of the whole
+    chain. With and without inline continuation (run both: --only
+    gd_chain_latency_5step,gd_chain_latency_5step_inline): what inline buys a lone chain is
+    the four re-picks (NOTIFY, wake, claim) between its steps."""
+
+    def workload(db_url: str) -> dict:
+        out = _lone_latency(db_url, machine, '{"n": 0}', "terminal")
+        out["note"] = (f"a lone 5-step {machine}: insert→done on the database clock, idle worker; "
+                       f"p99 {out['p99_ms']:.1f} ms")
+        return out
+
+    return workload
+
+
+def idle_latency(db_url: str) -> dict:
+    """Insert one job at a time into an idle worker; insert→done on the database clock."""
+    out = _lone_latency(db_url, "noop", "{}", "settled")
+    out["note"] = ("insert→done on the database clock, idle worker polling every 5 s (NOTIFY wake-up); "
+                   f"p99 {out['p99_ms']:.1f} ms")
+    return out
 
 
 def sustained(n=200_000, concurrency=50, processes=2, producer=None, prefetch=None, min_demand=None, max_batch=100):
