@@ -69,6 +69,16 @@ def test_awaiting_inside_the_transaction_that_inserted_the_row_raises_at_once(qu
         # a row this transaction did not write is awaited as usual, transaction or not
         assert gd.await_result(before, timeout=0.05).status == "busy"
     assert gd.await_result(id_, timeout=0.05).status == "busy"  # committed: the usual answer
+    # A nested atomic() (a savepoint: ATOMIC_REQUESTS and an atomic block in the view) too.
+    with transaction.atomic():
+        gd.insert(Plain, queue=queue_name)
+        with transaction.atomic():
+            nested = gd.insert(Plain, queue=queue_name)
+        with pytest.raises(gd.UncommittedInstance):
+            gd.await_result(nested, timeout=30)
+        with transaction.atomic():
+            with pytest.raises(gd.UncommittedInstance):
+                gd.await_result(nested, timeout=30)  # from inside another savepoint
 
 
 @pytest.mark.django_db
