@@ -59,11 +59,10 @@ def test_connections_the_server_closed_while_idle_lose_no_outcome(committed, eng
     wait_until(lambda: statuses(queue_name) == {"done": 1}, what="the first instance done")
     time.sleep(0.3)  # and goes idle
     assert terminate() >= 3
-    started = time.monotonic()
     ids = gd.insert_all([gd.Spec(Recorder, state={"log": str(log)}, queue=queue_name) for _ in range(5)])
+    # Each body ran once and no row was reaped (a reaped row's attempt is 1): the flush
+    # that met the closed connection was retried at once, not left to the lease.
     run_once_each([warm] + ids, log, queue_name, timeout=30)
-    # Well inside the lease (3 s here): nothing waited for the reaper.
-    assert time.monotonic() - started < 3
 
 
 @pytest.mark.parametrize("role", ["flusher", "feeder", "heartbeat", "reaper", "gc", "listener"])

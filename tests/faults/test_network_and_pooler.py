@@ -71,15 +71,13 @@ def test_idle_session_timeout_closes_every_idle_connection_and_nothing_is_lost(
     warm = recorded(queue_name, log, 1)
     wait_until(lambda: statuses(queue_name) == {"done": 1}, timeout=60, what="the first instance done")
     time.sleep(2.5)  # every connection of the worker has been idle past the timeout
-    started = time.monotonic()
     ids = recorded(queue_name, log, 5)
+    # No reaper runs (--no-reaper): an outcome a closed connection lost would leave its row
+    # executing for good, so every row done, each body once, attempt 0 is the proof.
     wait_until(lambda: statuses(queue_name) == {"done": 6}, timeout=20, what="all done")
-    elapsed = time.monotonic() - started
     assert proc.poll() is None, proc.log_path.read_text()[-3000:]
     assert tally(log, "start") == {i: 1 for i in warm + ids}
     assert set(Instance.objects.filter(id__in=ids).values_list("attempt", flat=True)) == {0}
-    # The lease is 30 s and no reaper runs: nothing here waited for either.
-    assert elapsed < 10, elapsed
 
 
 @pytest.mark.slow

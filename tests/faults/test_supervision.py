@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -96,10 +95,12 @@ def test_a_killed_child_is_restarted_and_its_claims_come_back_at_once(committed,
     victim = int(lines(log, "start")[0][4])
     victims = {int(f[0]) for f in lines(log, "start") if int(f[4]) == victim}
     os.kill(victim, signal.SIGKILL)
-    killed = time.monotonic()
     wait_until(lambda: set(Instance.objects.filter(id__in=victims).values_list("status", flat=True)) == {"done"},
                timeout=45, what="the dead child's rows done")
-    assert time.monotonic() - killed < 30  # well inside the 60 s lease
+    # Taken back by the restarted child's start-up reclaim, not by a reaper after the lease:
+    # the reclaim's own record is on every row.
+    assert {"reclaimed at start-up" in (r or "") for r in
+            Instance.objects.filter(id__in=victims).values_list("last_error", flat=True)} == {True}
     assert proc.poll() is None and len(children_of(proc.pid)) == 2
     text = proc.log_path.read_text()
     assert f"worker process {victim} (child" in text and "was killed by signal 9; restarting it in 1s" in text

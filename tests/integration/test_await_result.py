@@ -55,17 +55,14 @@ def test_a_parked_row_is_awaiting_unless_until_terminal(queue_name):
 @pytest.mark.django_db(transaction=True)
 def test_awaiting_inside_the_transaction_that_inserted_the_row_raises_at_once(queue_name):
     """No worker can see an uncommitted row: the wait could only time out (an atomic view)."""
-    import time
-
     from django.db import transaction
 
     before = gd.insert(Plain, queue=queue_name)  # committed
     with transaction.atomic():
         id_ = gd.insert(Plain, queue=queue_name)
-        started = time.monotonic()
+        # Raised, not a "busy" answer at the end of the 30 s timeout.
         with pytest.raises(gd.UncommittedInstance, match=f"await_result\\({id_}\\) inside the transaction"):
             gd.await_result(id_, timeout=30)
-        assert time.monotonic() - started < 5  # at once, not at the timeout
         # a row this transaction did not write is awaited as usual, transaction or not
         assert gd.await_result(before, timeout=0.05).status == "busy"
     assert gd.await_result(id_, timeout=0.05).status == "busy"  # committed: the usual answer
