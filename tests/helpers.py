@@ -1,6 +1,8 @@
 """Helpers shared by the tests that open a second database session."""
 
 import threading
+from collections import Counter
+from pathlib import Path
 
 from django.db import connection
 
@@ -51,3 +53,17 @@ class PausingDb:
         if hook is not None and self.after:
             hook()
         return rows
+
+
+def log_lines(path):
+    """(id, attempt, what, pid) per line of a step log (the fault machines' and Recorder's)."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    fields = (line.split() for line in path.read_text().splitlines())
+    return [(int(i), int(a), w, int(p)) for i, a, w, p in (f for f in fields if len(f) == 4)]
+
+
+def tally(path, what):
+    """How many `what` lines ("start", "end"…) each id has in the step log."""
+    return Counter(i for i, _, w, _ in log_lines(path) if w == what)

@@ -16,19 +16,10 @@ class Gated(gd.Machine):
 
     @gd.step
     def start(self, ctx):
-        track = ctx.state.get("track")
-        if track:
-            with connection.cursor() as cur:
-                # ON CONFLICT: a re-run after a worker died mid-step replaces its row.
-                cur.execute("INSERT INTO gd_test_running (id, tag, pid) VALUES (%s, %s, %s) "
-                            "ON CONFLICT (id) DO UPDATE SET tag = EXCLUDED.tag, pid = EXCLUDED.pid",
-                            [ctx.id, track, os.getpid()])
-        try:
+        if ctx.state.get("track"):
+            _tracked(ctx)
+        else:
             time.sleep(ctx.state.get("sleep", 0))
-        finally:
-            if track:
-                with connection.cursor() as cur:
-                    cur.execute("DELETE FROM gd_test_running WHERE id = %s", [ctx.id])
         return gd.Done({})
 
 
@@ -63,7 +54,8 @@ class Transitions(gd.Machine):
 
 
 def _tracked(ctx):
-    """Mark the step running in gd_test_running for state["track"], sleep state["sleep"]."""
+    """Mark the step running in gd_test_running for state["track"], sleep state["sleep"].
+    ON CONFLICT: a re-run after a worker died mid-step replaces its row."""
     track = ctx.state.get("track")
     with connection.cursor() as cur:
         cur.execute("INSERT INTO gd_test_running (id, tag, pid) VALUES (%s, %s, %s) "

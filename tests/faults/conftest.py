@@ -18,7 +18,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections import Counter
 from pathlib import Path
 
 import psycopg
@@ -31,17 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 MANAGE = [sys.executable, str(ROOT / "tests" / "manage.py")]
 
 
-def log_lines(path):
-    """(id, attempt, what, pid) per line of a fault machine's log."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    fields = (line.split() for line in path.read_text().splitlines())
-    return [(int(i), int(a), w, int(p)) for i, a, w, p in (f for f in fields if len(f) == 4)]
-
-
-def tally(path, what):
-    return Counter(i for i, _, w, _ in log_lines(path) if w == what)
+from tests.helpers import log_lines, tally  # noqa: E402,F401  (the fault tests import them from here)
 
 
 # --- worker subprocesses -------------------------------------------------------------------

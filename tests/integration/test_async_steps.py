@@ -14,7 +14,6 @@ from django.db import connection
 import gen_durable as gd
 from gen_durable.models import Instance
 from gen_durable.testing import drain
-from gen_durable.worker import scheduler
 from tests.conftest import wait_until
 from tests.durable_app.async_machines import (
     AsyncAppName,
@@ -80,33 +79,6 @@ def test_async_steps_reach_the_database_on_a_connection_with_the_workers_options
     engine({queue_name: 2})
     wait_until(lambda: Instance.objects.get(id=id_).status == "done", what="the async step done")
     assert Instance.objects.get(id=id_).result["application_name"].startswith("gen_durable async steps")
-
-
-def test_an_async_row_cancelled_while_buffered_never_runs_its_step(engine, queue_name, settings):
-    """As for sync steps (docs/guide.md, "Calls": cancel): a row claimed beyond the free
-    slots (PREFETCH) is re-checked before its async step starts."""
-    from tests.durable_app.async_machines import ASYNC_GATE, ASYNC_RAN, AsyncBlocker
-
-    settings.GEN_DURABLE = {**settings.GEN_DURABLE, "PREFETCH": 5}
-    ASYNC_RAN.clear()
-    ASYNC_GATE.clear()
-    blocker = gd.insert(AsyncBlocker, state={"block": True}, queue=queue_name)
-    engine({queue_name: 1})
-    wait_until(lambda: Instance.objects.filter(id=blocker, status="executing").exists(), what="blocker running")
-    buffered = gd.insert_all([gd.Spec(AsyncBlocker, queue=queue_name) for _ in range(3)])
-    wait_until(lambda: Instance.objects.filter(id__in=buffered, status="executing").count() == 3,
-               timeout=30, what="three rows claimed into the buffer")
-    # The claim proves a row ours for RECHECK_FRESH s (a cancel within it is caught by the
-    # outcome guard instead): cancel after it, so the re-check is what stops the steps.
-    time.sleep(scheduler.RECHECK_FRESH * 2)
-    for id_ in buffered:
-        gd.cancel(id_, "customer left")
-    ASYNC_GATE.set()
-    wait_until(lambda: Instance.objects.filter(id=blocker, status="done").exists(), timeout=30, what="blocker done")
-    later = gd.insert(AsyncBlocker, queue=queue_name)  # the slot goes on with fresh work
-    wait_until(lambda: Instance.objects.filter(id=later, status="done").exists(), timeout=30, what="later done")
-    assert ASYNC_RAN == [later]  # no cancelled row ran its step
-    assert set(Instance.objects.filter(id__in=buffered).values_list("status", flat=True)) == {"failed"}
 
 
 def test_control_sync_steps_take_a_thread_each(engine, queue_name):

@@ -148,7 +148,20 @@ class Blocker(gd.Machine):
         return gd.Done()
 
 
-def test_a_row_cancelled_while_buffered_never_runs_its_step(engine, queue_name, settings):
+def _blockers(kind):
+    """(machine, gate, ran) of the sync or the `async def` blocker."""
+    if kind == "sync":
+        return Blocker, GATE, RAN
+    from tests.durable_app.async_machines import ASYNC_GATE, ASYNC_RAN, AsyncBlocker
+
+    return AsyncBlocker, ASYNC_GATE, ASYNC_RAN
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_row_cancelled_while_buffered_never_runs_its_step(engine, queue_name, settings, kind):
+    """A row claimed beyond the free slots (PREFETCH) is re-checked before its step starts,
+    for sync and `async def` steps alike."""
+    Blocker, GATE, RAN = _blockers(kind)  # noqa: N806 (the module's names, per kind)
     settings.GEN_DURABLE = {**settings.GEN_DURABLE, "PREFETCH": 5}
     RAN.clear()
     GATE.clear()
@@ -165,7 +178,7 @@ def test_a_row_cancelled_while_buffered_never_runs_its_step(engine, queue_name, 
         gd.cancel(id_, "customer left")
     GATE.set()
     wait_until(lambda: Instance.objects.filter(id=blocker, status="done").exists(), timeout=30, what="blocker done")
-    later = gd.insert(Blocker, queue=queue_name)  # the thread goes on with fresh work
+    later = gd.insert(Blocker, queue=queue_name)  # the slot goes on with fresh work
     wait_until(lambda: Instance.objects.filter(id=later, status="done").exists(), timeout=30, what="later done")
     assert RAN == [later]  # no cancelled row ran its step
     assert set(Instance.objects.filter(id__in=buffered).values_list("status", flat=True)) == {"failed"}

@@ -63,16 +63,7 @@ def other_session():
         yield conn
 
 
-def log_lines(path):
-    """(id, attempt, "start"|"end", pid) per line of a Recorder log."""
-    if not path.exists():
-        return []
-    fields = (line.split() for line in path.read_text().splitlines())
-    return [(int(i), int(a), what, int(pid)) for i, a, what, pid in (f for f in fields if len(f) == 4)]
-
-
-def tally(path, what):
-    return Counter(i for i, _, w, _ in log_lines(path) if w == what)
+from tests.helpers import log_lines, tally  # noqa: E402,F401
 
 
 def statuses(queue):
