@@ -217,18 +217,8 @@ def await_result(id: int, timeout: float = 5.0, *, until: str = "settled", using
 
 def _written_here(id: int, using=None) -> bool:
     """Whether the caller's open transaction — or one of its savepoints (a nested
-    `atomic()`) — wrote instance `id`'s current row version. One statement.
-
-    The row's xmin is a 32-bit transaction id. Ours are the top-level id and the
-    savepoints' ids allocated after it, so an xmin at or above the top-level id (widened
-    with its epoch) that is still in progress and visible to us is ours: another open
-    transaction's rows are invisible, and a finished one's are committed.
-    """
-    row = db.fetchone(
-        "SELECT CASE WHEN s.t8 IS NULL OR s.xm < s.t8 %% 4294967296 THEN false "
-        "ELSE pg_xact_status((s.t8 - s.t8 %% 4294967296 + s.xm)::text::xid8) = 'in progress' END "
-        "FROM (SELECT xmin::text::bigint AS xm, pg_current_xact_id_if_assigned()::text::bigint AS t8 "
-        "FROM gen_durable WHERE id = %s) s", (id,), using)
+    `atomic()`) — wrote instance `id`'s current row version (`written_here.sql`). One statement."""
+    row = db.fetchone(sql.WRITTEN_HERE, {"id": id}, using)
     return bool(row and row[0])
 
 
