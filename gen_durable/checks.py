@@ -44,6 +44,10 @@ def check_unknown_keys(app_configs=None, **kwargs):
     return errors
 
 
+TOP_LEVEL_SUSPECTS = ("CONCURRENCY_LIMITS", "RATE_LIMITS", "LIMITER", "LEASE_TTL", "HEARTBEAT_INTERVAL",
+                      "MAX_STEP_SECONDS", "DRAIN_TIMEOUT")
+
+
 @register(Tags.compatibility)
 def check_setting_name(app_configs=None, **kwargs):
     """W005: a Django setting whose name is close to GEN_DURABLE but is not it (a typo
@@ -51,9 +55,18 @@ def check_setting_name(app_configs=None, **kwargs):
     # GEN_DURABLE_<X> is a setting of its own (a project's or a test's), not a typo.
     names = [n for n in dir(django_settings) if n.isupper() and n != "GEN_DURABLE" and not n.startswith("GEN_DURABLE_")]
     close = difflib.get_close_matches("GEN_DURABLE", names, n=3, cutoff=0.85)
-    return [Warning(f"The setting {name!r} looks like a misspelt GEN_DURABLE; gen_durable does not read it.",
-                    hint="Rename it GEN_DURABLE (or silence gen_durable.W005 in SILENCED_SYSTEM_CHECKS).",
-                    id=ID + "W005") for name in close]
+    warnings = [Warning(f"The setting {name!r} looks like a misspelt GEN_DURABLE; gen_durable does not read it.",
+                        hint="Rename it GEN_DURABLE (or silence gen_durable.W005 in SILENCED_SYSTEM_CHECKS).",
+                        id=ID + "W005") for name in close]
+    # A gen_durable key written as a Django setting of its own is read by nobody. Only the
+    # names no other app would plausibly use (not QUEUES, DATABASE, GC…).
+    configured = user_settings()
+    for key in TOP_LEVEL_SUSPECTS:
+        if hasattr(django_settings, key) and key not in configured:
+            warnings.append(Warning(
+                f"The Django setting {key!r} is a key of GEN_DURABLE; gen_durable does not read it at the top level.",
+                hint=f"Move it into GEN_DURABLE: GEN_DURABLE = {{..., {key!r}: ...}}.", id=ID + "W005"))
+    return warnings
 
 
 @register(Tags.compatibility)
@@ -358,6 +371,9 @@ def check_limits(app_configs=None, **kwargs):
         if not isinstance(cfg, dict) or not _num(cfg.get("allowed"), minimum=0) or not _num(cfg.get("period"), positive=True):
             errors.append(Error(f"GEN_DURABLE['RATE_LIMITS'][{name!r}] needs 'allowed' (>= 0) and 'period' (seconds > 0).",
                                 hint='For example {"allowed": 100, "period": 60}.', id=ID + "E007"))
+            if isinstance(cfg, dict):  # a misspelt 'allowed' ('alowed') is named too
+                errors += [e for e in _limit_extras("RATE_LIMITS", name, cfg, ("allowed", "period", "burst", "shards"))
+                           if "unknown key" in e.msg]
             continue
         errors += _limit_extras("RATE_LIMITS", name, cfg, ("allowed", "period", "burst", "shards"))
         infinite = [k for k in ("allowed", "period", "burst") if _num(cfg.get(k)) and not math.isfinite(cfg[k])]
@@ -372,6 +388,9 @@ def check_limits(app_configs=None, **kwargs):
         if not isinstance(cfg, dict) or not _int(cfg.get("limit"), minimum=1):
             errors.append(Error(f"GEN_DURABLE['CONCURRENCY_LIMITS'][{name!r}] needs 'limit', a positive int.",
                                 hint='For example {"limit": 5}.', id=ID + "E007"))
+            if isinstance(cfg, dict):  # a misspelt 'limit' ('limt') is named too
+                errors += [e for e in _limit_extras("CONCURRENCY_LIMITS", name, cfg,
+                                                    ("limit", "shards", "retry", "per")) if "unknown key" in e.msg]
             continue
         if cfg["limit"] > MAX_GATE_LIMIT:
             errors.append(Error(f"GEN_DURABLE['CONCURRENCY_LIMITS'][{name!r}]['limit'] exceeds 2**53.",

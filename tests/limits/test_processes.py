@@ -87,6 +87,14 @@ def stop_workers(procs):
             p.communicate()
 
 
+def running_worker(procs, tag):
+    """One of `procs` that is running a step of `tag` now (from the side table), or None."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT pid FROM gd_test_running WHERE tag = %s", [tag])
+        pids = {r[0] for r in cur.fetchall()}
+    return next((p for p in procs if p.pid in pids), None)
+
+
 def done_count(ids):
     with connection.cursor() as cur:
         cur.execute("SELECT count(*) FROM gen_durable WHERE id = ANY(%s) AND status = 'done'", [ids])
@@ -120,13 +128,7 @@ def test_after_kill_9_the_counters_come_back_within_a_lease_and_a_gc_interval(
     procs = start_workers(queue_name, limiter_settings)
     sampler = Sampler(tag)
     try:
-        def victim():
-            with connection.cursor() as cur:
-                cur.execute("SELECT pid FROM gd_test_running WHERE tag = %s", [tag])
-                pids = {r[0] for r in cur.fetchall()}
-            return next((p for p in procs if p.pid in pids), None)
-
-        proc = wait_until(victim, timeout=60, what="a worker running a gated step")
+        proc = wait_until(lambda: running_worker(procs, tag), timeout=60, what="a worker running a gated step")
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
         sampler.ignore_pid = proc.pid  # its side-table rows stay behind: it died mid-step
@@ -183,13 +185,7 @@ def test_key_hopping_cancel_and_kill_9_across_two_processes_keep_the_name_gate(
     procs = start_workers(queue_name, limiter_settings)
     sampler.start()
     try:
-        def victim():
-            with connection.cursor() as cur:
-                cur.execute("SELECT pid FROM gd_test_running WHERE tag = %s", [tag])
-                pids = {r[0] for r in cur.fetchall()}
-            return next((p for p in procs if p.pid in pids), None)
-
-        proc = wait_until(victim, timeout=60, what="a worker running a gated step")
+        proc = wait_until(lambda: running_worker(procs, tag), timeout=60, what="a worker running a gated step")
         for i in ids[::7]:
             gd.cancel(i)
         sampler.ignore_pid = proc.pid

@@ -504,8 +504,9 @@ def test_a_malformed_limit_beside_a_schedule_is_reported_not_raised(limits, expe
     schedules = {"tick": {"cron": "*/5 * * * *", "machine": "tests.Counter"}}
     with override_settings(GEN_DURABLE={**limits, "SCHEDULES": schedules}):
         messages = [m for check in (checks.check_limits, checks.check_schedules) for m in check()]
-    assert expected in messages
-    assert [m.id for m in messages] == ["gen_durable.E007"]
+    assert messages[0] == expected
+    assert "has an unknown key" in messages[1].msg  # the misspelt key is named too
+    assert [m.id for m in messages] == ["gen_durable.E007"] * 2
 
 
 def test_an_unknown_schedule_machine_suggests_a_registered_name():
@@ -579,3 +580,20 @@ def test_queues_that_cannot_fit_max_connections_are_an_error_with_database(setti
     assert checks.check_connection_budget() == []  # only with --database
     settings.GEN_DURABLE = {**settings.GEN_DURABLE, "QUEUES": {"default": 4}}
     assert checks.check_connection_budget(databases=["default"]) == []
+
+
+@override_settings(CONCURRENCY_LIMITS={"erp": {"limit": 2}}, QUEUES={"x": 1}, GEN_DURABLE={"LEASE_TTL": 30})
+def test_a_gen_durable_key_written_as_a_top_level_setting_is_a_warning():
+    """The README's keys belong inside GEN_DURABLE; at the top level nobody reads them.
+    Generic names another app may own (QUEUES here) are not flagged."""
+    assert [(w.id, w.msg) for w in checks.check_setting_name()] == [
+        ("gen_durable.W005", "The Django setting 'CONCURRENCY_LIMITS' is a key of GEN_DURABLE; gen_durable does "
+                             "not read it at the top level."),
+    ]
+
+
+def test_a_misspelt_limit_key_is_named_beside_the_missing_limit():
+    with override_settings(GEN_DURABLE={"CONCURRENCY_LIMITS": {"erp": {"limt": 2}}}):
+        msgs = [e.msg for e in checks.check_limits()]
+    assert msgs == ["GEN_DURABLE['CONCURRENCY_LIMITS']['erp'] needs 'limit', a positive int.",
+                    "GEN_DURABLE['CONCURRENCY_LIMITS']['erp'] has an unknown key 'limt'."]
