@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
+from operator import attrgetter
 
 from asgiref.sync import sync_to_async
 
@@ -164,38 +165,93 @@ def insert(machine, *, state=None, args=None, step=None, queue=None, priority=0,
     return found[0]
 
 
+# Insert keywords that usually differ from spec to spec in a batch; spec_rows validates
+# them per row and everything else once per distinct (machine, other keywords).
+_PER_ROW = frozenset({"state", "args", "correlation_key"})
+# Types whose equal values validate alike (a tuple could hold 1 and 1.0, which render
+# differently as a key partition), so a validated shape can be reused for them.
+_SHAPE_TYPES = frozenset({str, int, float, type(None), dt.datetime, dt.timedelta})
+
+
 def spec_rows(specs) -> list[Row]:
+    """Validate `gd.Spec` values into Rows (the checks of `build_row`).
+
+    A batch usually repeats a few shapes — one machine, queue, priority… with a state
+    and maybe a correlation key per row — so each distinct shape is validated once
+    and only the per-row keywords are checked per spec.
+    """
     rows = []
+    shapes: dict = {}
+    payload_limit = get_settings().MAX_PAYLOAD_BYTES
     for i, spec in enumerate(specs):
         if not isinstance(spec, Spec):
             raise InvalidInput(f"insert_all takes gd.Spec(Machine, **kwargs) values; item {i} is {spec!r}")
-        kwargs = dict(spec.kwargs)
+        kwargs = spec.kwargs
         if "using" in kwargs:
             raise InvalidInput("pass using= to insert_all itself, not inside a Spec")
-        rows.append(build_row(spec.machine, **kwargs))
+        if kwargs.keys() <= _PER_ROW:  # the common batch: a machine and per-row values
+            shared = ()
+            key = spec.machine
+        else:
+            shared = [(k, type(v), v) for k, v in kwargs.items() if k not in _PER_ROW]
+            if not all(t in _SHAPE_TYPES for _, t, _v in shared):
+                rows.append(build_row(spec.machine, **kwargs))
+                continue
+            key = (spec.machine, *shared)
+        try:
+            shape = shapes.get(key)
+        except TypeError:  # an unhashable machine argument: validate it whole
+            rows.append(build_row(spec.machine, **kwargs))
+            continue
+        state, args, correlation_key = kwargs.get("state"), kwargs.get("args"), kwargs.get("correlation_key")
+        if args is not None:
+            if state is not None:
+                raise InvalidInput("pass state= or args= (its alias for jobs), not both")
+            state = args
+        if shape is None:
+            shape = shapes[key] = build_row(spec.machine, **{k: v for k, _t, v in shared})
+        if correlation_key is not None:
+            text(correlation_key, "correlation_key")
+        rows.append(Row(shape.fsm, shape.fsm_version, shape.step,
+                        encode_state(state, f"state of {shape.fsm}", payload_limit),
+                        shape.queue, shape.priority, shape.at, shape.delay, shape.concurrency_key,
+                        shape.rate_limit, shape.weight, correlation_key, shape.scope))
     return rows
+
+
+# The columns of insert_all.sql besides state and parent_id, read off Rows.
+_COLUMNS = ("fsm", "fsm_version", "step", "queue", "priority", "at", "delay",
+            "concurrency_key", "rate_limit", "weight", "correlation_key")
 
 
 def insert_rows(rows: list[Row], parent_ids=None, using=None) -> list[int | None]:
     """Run insert_all.sql for validated rows; return ids in input order (None = duplicate)."""
     if not rows:
         return []
-    n = len(rows)
-    arr = db.pg_array
-    params = {
-        "fsm": arr([r.fsm for r in rows]), "fsm_version": arr([r.fsm_version for r in rows]),
-        "step": arr([r.step for r in rows]), "state": arr([r.state for r in rows]),
-        "queue": arr([r.queue for r in rows]), "priority": arr([r.priority for r in rows]),
-        "at": arr([r.at for r in rows]), "delay": arr([r.delay for r in rows]),
-        "concurrency_key": arr([r.concurrency_key for r in rows]),
-        "rate_limit": arr([r.rate_limit for r in rows]), "weight": arr([r.weight for r in rows]),
-        "correlation_key": arr([r.correlation_key for r in rows]),
-        "scope": arr([None if r.scope == LIVE_STATUSES else ",".join(r.scope) for r in rows]),
-        "parent_id": arr(list(parent_ids) if parent_ids is not None else [None] * n),
-        "ord": arr(list(range(n))),
-    }
-    returned = db.fetchall(sql.INSERT_ALL, params, using)
-    return map_returned(rows, [(r[0], r[1]) for r in returned])
+    keys = list(map(attrgetter("correlation_key"), rows))
+    order = None
+    if keys.count(None) != len(keys):
+        # Key order, stable (insert_all.sql: one lock order for racing batches).
+        order = sorted(range(len(rows)), key=lambda p: (keys[p] is None, keys[p] or ""))
+        rows = [rows[p] for p in order]
+        if parent_ids is not None:
+            parent_ids = list(parent_ids)
+            parent_ids = [parent_ids[p] for p in order]
+    params = {"state": db.pg_array(list(map(attrgetter("state"), rows)))}
+    scopes = list(map(attrgetter("scope"), rows))
+    columns = {name: list(map(attrgetter(name), rows)) for name in _COLUMNS}
+    columns["scope"] = ([None] if scopes.count(LIVE_STATUSES) == len(scopes)
+                        else [None if s == LIVE_STATUSES else ",".join(s) for s in scopes])
+    columns["parent_id"] = [None] if parent_ids is None else list(parent_ids)
+    for name, values in columns.items():
+        params[name], params[name + "_1"] = db.batch_column(values)
+    ids = map_returned(rows, db.fetchall(sql.INSERT_ALL, params, using))
+    if order is None:
+        return ids
+    out: list[int | None] = [None] * len(ids)
+    for p, id_ in zip(order, ids):
+        out[p] = id_
+    return out
 
 
 def map_returned(rows: list[Row], returned: list[tuple[int, str | None]]) -> list[int | None]:
@@ -206,12 +262,14 @@ def map_returned(rows: list[Row], returned: list[tuple[int, str | None]]) -> lis
     ones only the first can land (later ones conflict in-batch), and none when the key
     was already held.
     """
+    if len(returned) == len(rows) and all(key is None for _id, key, *_ in returned):
+        return sorted(r[0] for r in returned)  # no keys: every row landed, in input order
     out: list[int | None] = [None] * len(rows)
     by_key: dict = {}
     for pos, r in enumerate(rows):
         by_key.setdefault(r.correlation_key, []).append(pos)
     ids_by_key: dict = {}
-    for id_, key in returned:
+    for id_, key, *_ in returned:
         ids_by_key.setdefault(key, []).append(id_)
     for key, positions in by_key.items():
         ids = sorted(ids_by_key.get(key, ()))

@@ -72,14 +72,21 @@ def pg_array(values) -> str:
     rendering the literal ourselves and letting the statement's cast (`::bigint[]`,
     `::text[]`…) parse it server-side costs a fraction of that, and a flush carries
     sixteen arrays. Elements: None, bool, int, float, str, datetime (ISO 8601).
-    Homogeneous int and str columns (ids, names, JSON texts) take a fast path.
+    Homogeneous int and str columns (ids, names, JSON texts) take a fast path: the
+    str one escapes the whole column in three C-level replaces instead of per element.
     """
-    values = list(values)
-    kinds = {type(v) for v in values}
+    values = values if type(values) is list else list(values)
+    kinds = set(map(type, values))
     kinds.discard(type(None))
     if kinds == {int} or not kinds:
-        return "{" + ",".join("NULL" if v is None else str(v) for v in values) + "}"
+        if None in values:
+            return "{" + ",".join("NULL" if v is None else str(v) for v in values) + "}"
+        return "{" + ",".join(map(str, values)) + "}"
     if kinds == {str}:
+        if None not in values:
+            joined = _SEP.join(values)
+            if joined.count(_SEP) == len(values) - 1:  # no element holds the separator
+                return '{"' + joined.replace("\\", "\\\\").replace('"', '\\"').replace(_SEP, '","') + '"}'
         return "{" + ",".join(map(_text_element, values)) + "}"
     out = []
     for v in values:
@@ -98,6 +105,19 @@ def pg_array(values) -> str:
         else:  # datetime and friends
             out.append('"' + v.isoformat() + '"')
     return "{" + ",".join(out) + "}"
+
+
+_SEP = "\x1f"  # joins a str column before escaping it whole (checked absent from the elements)
+
+
+def batch_column(values: list) -> tuple[str | None, object]:
+    """One column of a batch statement as (array literal, None), or (None, value) when
+    every element is the same value of the same type — the statement then reads the one
+    value (`COALESCE(r.col, %(col_1)s)`) instead of parsing an array of copies
+    (insert_all.sql: ~0.2 s of 0.9 s server time for 100k rows of one machine)."""
+    if values and values.count(values[0]) == len(values) and len(set(map(type, values))) == 1:
+        return None, values[0]
+    return pg_array(values), None
 
 
 # --- error classification ----------------------------------------------------------

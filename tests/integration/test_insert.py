@@ -241,3 +241,63 @@ def test_async_twins():
     id_, ids = asyncio.run(main())
     assert Instance.objects.get(id=id_).state == {"a": 1}
     assert Instance.objects.filter(id__in=ids).count() == 2
+
+
+def test_insert_all_stores_each_rows_values_whether_a_column_varies_or_repeats():
+    # A column whose rows all hold one value travels as that value, a varying one as an
+    # array (db.batch_column): both must land on every row as given.
+    at = dt.datetime(2031, 5, 6, 7, 8, 9, tzinfo=dt.timezone.utc)
+    varied = [
+        gd.Spec(Plain, state={"i": 0}, queue="qa", priority=3, eligible_at=at, concurrency_key="c0",
+                weight=2, correlation_key="v0", correlation_scope=["runnable"]),
+        gd.Spec(Plain, state={"i": 1}, queue="qb", priority=-1, schedule_in=3600, weight=1.5),
+        gd.Spec(noop, args={"i": 2}, queue="qa", priority=3, concurrency_key=("c", 7),
+                correlation_key="v2"),
+    ]
+    same = [gd.Spec(Plain, state={"i": i}, queue="qs", priority=7, eligible_at=at) for i in range(3)]
+    now = db_now()
+    ids = gd.insert_all(varied + same)
+    rows = {r.id: r for r in Instance.objects.filter(id__in=ids)}
+    got = [rows[i] for i in ids]
+    assert [r.state for r in got] == [{"i": 0}, {"i": 1}, {"i": 2}, {"i": 0}, {"i": 1}, {"i": 2}]
+    assert [r.fsm for r in got] == ["tests.Plain", "tests.Plain", "tests.noop"] + ["tests.Plain"] * 3
+    assert [r.queue for r in got] == ["qa", "qb", "qa", "qs", "qs", "qs"]
+    assert [r.priority for r in got] == [3, -1, 3, 7, 7, 7]
+    assert [r.concurrency_key for r in got] == ["c0", None, "c:7", None, None, None]
+    assert [r.weight for r in got] == [2.0, 1.5, 1.0, 1.0, 1.0, 1.0]
+    assert [r.correlation_key for r in got] == ["v0", None, "v2", None, None, None]
+    assert got[0].eligible_at == at and [r.eligible_at for r in got[3:]] == [at] * 3
+    assert dt.timedelta(seconds=3590) < got[1].eligible_at - now < dt.timedelta(seconds=3610)
+    with connection.cursor() as cur:
+        cur.execute("SELECT id, correlation_scope::text[] FROM gen_durable WHERE id = ANY(%s)", [ids[:3]])
+        scopes = dict(cur.fetchall())
+    assert scopes[ids[0]] == ["runnable"]
+    assert scopes[ids[2]] == ["runnable", "executing", "awaiting_signal", "awaiting_children"]
+
+
+def test_insert_all_maps_ids_to_positions_when_keyed_and_unkeyed_rows_mix():
+    # insert_rows sorts a batch with keys into key order (one lock order for racing
+    # batches) and maps the ids back: unkeyed rows keep their input order, keyed ones
+    # go in key order, a duplicate gets None.
+    ids = gd.insert_all([gd.Spec(Plain, state={"p": 0}), gd.Spec(Plain, state={"p": 1}, correlation_key="mix-b"),
+                         gd.Spec(Plain, state={"p": 2}), gd.Spec(Plain, state={"p": 3}, correlation_key="mix-a"),
+                         gd.Spec(Plain, state={"p": 4}, correlation_key="mix-b")])
+    assert ids[4] is None
+    states = dict(Instance.objects.filter(id__in=[i for i in ids if i]).values_list("id", "state"))
+    assert [states[i]["p"] for i in ids if i] == [0, 1, 2, 3]
+    assert ids[3] < ids[1] and ids[0] < ids[2]
+
+
+@pytest.mark.parametrize("first, second, message", [
+    ({"priority": 1}, {"priority": True}, "priority"),
+    ({"schedule_in": 5}, {"schedule_in": float("inf")}, "schedule_in"),
+    ({"state": {}}, {"state": {"a": 1}, "args": {"b": 2}}, "not both"),
+    ({"correlation_key": "ok"}, {"correlation_key": ""}, "correlation_key"),
+])
+def test_insert_all_validates_every_spec_when_its_shape_repeats(first, second, message):
+    # spec_rows validates a repeated shape once: a later spec that merely compares equal
+    # (True == 1) or differs only in a per-row value must still be checked.
+    before = Instance.objects.count()
+    with pytest.raises(gd.InvalidInput, match=message):
+        gd.insert_all([gd.Spec(Plain, **first)] * 3 + [gd.Spec(Plain, **second)])
+    assert Instance.objects.count() == before

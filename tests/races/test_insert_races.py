@@ -196,7 +196,8 @@ ON CONFLICT (correlation_guard) WHERE correlation_guard IS NOT NULL DO NOTHING
 
 def test_control_unsorted_batches_in_opposite_orders_do_deadlock(queue_name):
     # The negative control for the test above: the same race with an INSERT that keeps
-    # the input order (what insert_all.sql would do without its ORDER BY) deadlocks.
+    # the input order (what insert_all would do if insert_rows did not sort a keyed
+    # batch into key order) deadlocks.
     short = is_superuser()
 
     def raw(order):

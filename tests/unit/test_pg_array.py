@@ -23,3 +23,27 @@ def test_round_trips_through_the_cast(values, cast):
     with connection.cursor() as cur:
         cur.execute(f"SELECT %s::{cast}", [pg_array(values)])
         assert cur.fetchone()[0] == values
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("values", [
+    [t for t in TEXTS if t is not None],          # no NULL: escaped as one joined string
+    ["a\x1fb", 'c"d', "e"],                       # holds the joining separator: per element
+])
+def test_text_columns_round_trip_on_both_paths(values):
+    with connection.cursor() as cur:
+        cur.execute("SELECT %s::text[]", [pg_array(values)])
+        assert cur.fetchone()[0] == values
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("values, expected", [
+    (["q"] * 4, (None, "q")),
+    ([1, True], ("{1,t}", None)),          # equal but of two types: an array
+    ([None, None], (None, None)),
+    ([1.0, 2.0], ("{1.0,2.0}", None)),
+])
+def test_batch_column_sends_a_repeated_value_once(values, expected):
+    from gen_durable.db import batch_column
+
+    assert batch_column(values) == expected
