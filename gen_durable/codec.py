@@ -49,6 +49,8 @@ class Encoder(DjangoJSONEncoder):
 # ensure_ascii=False leaves a lone surrogate as a character, so the UTF-8 encoding
 # below rejects it (as escaped ASCII it would pass here and fail in Postgres).
 _ENCODER = Encoder(separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+# \u0000 that is not an escaped backslash followed by "u0000": jsonb cannot store NUL.
+_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 try:  # CPython's C encoder, called directly: JSONEncoder.encode adds ~1 µs of Python per value
     from json.encoder import c_make_encoder as _c_make_encoder
