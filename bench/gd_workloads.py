@@ -165,12 +165,15 @@ def insert_all_rate(db_url: str) -> dict:
     r = _shell(db_url, """
 import json, time, gen_durable as gd
 from shop.durable import noop
+from django.db import connection
 specs = [gd.Spec(noop, state={}) for _ in range(100000)]
+connection.ensure_connection()  # connected before the clock, as the raw ceiling's client is
 t = time.perf_counter(); ids = gd.insert_all(specs); dt = time.perf_counter() - t
 assert len(ids) == 100000 and None not in ids
 print(json.dumps({"s": dt}))""")
     return harness.rate_sample(100000, r["s"], unit="rows/s") | {
-            "note": "one insert_all call of 100,000 specs (validation + one statement)"}
+            "note": "one insert_all call of 100,000 specs (validation + one statement); "
+                    "connection opened before the clock"}
 
 
 def insert_single_rate(db_url: str) -> dict:

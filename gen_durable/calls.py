@@ -181,41 +181,42 @@ def spec_rows(specs) -> list[Row]:
     and only the per-row keywords are checked per spec.
     """
     rows = []
-    shapes: dict = {}
+    append = rows.append
+    shapes: dict = {}  # key -> (validated shape Row, the state's name in errors)
     payload_limit = get_settings().MAX_PAYLOAD_BYTES
     for i, spec in enumerate(specs):
         if not isinstance(spec, Spec):
             raise InvalidInput(f"insert_all takes gd.Spec(Machine, **kwargs) values; item {i} is {spec!r}")
         kwargs = spec.kwargs
-        if "using" in kwargs:
-            raise InvalidInput("pass using= to insert_all itself, not inside a Spec")
         if kwargs.keys() <= _PER_ROW:  # the common batch: a machine and per-row values
-            shared = ()
             key = spec.machine
         else:
+            if "using" in kwargs:
+                raise InvalidInput("pass using= to insert_all itself, not inside a Spec")
             shared = [(k, type(v), v) for k, v in kwargs.items() if k not in _PER_ROW]
             if not all(t in _SHAPE_TYPES for _, t, _v in shared):
-                rows.append(build_row(spec.machine, **kwargs))
+                append(build_row(spec.machine, **kwargs))
                 continue
             key = (spec.machine, *shared)
         try:
-            shape = shapes.get(key)
+            found = shapes.get(key)
         except TypeError:  # an unhashable machine argument: validate it whole
-            rows.append(build_row(spec.machine, **kwargs))
+            append(build_row(spec.machine, **kwargs))
             continue
-        state, args, correlation_key = kwargs.get("state"), kwargs.get("args"), kwargs.get("correlation_key")
-        if args is not None:
-            if state is not None:
+        state, correlation_key = kwargs.get("state"), kwargs.get("correlation_key")
+        if "args" in kwargs:
+            if state is not None and kwargs["args"] is not None:
                 raise InvalidInput("pass state= or args= (its alias for jobs), not both")
-            state = args
-        if shape is None:
-            shape = shapes[key] = build_row(spec.machine, **{k: v for k, _t, v in shared})
+            state = kwargs["args"] if state is None else state
+        if found is None:
+            shape = build_row(spec.machine, **{k: v for k, v in kwargs.items() if k not in _PER_ROW})
+            found = shapes[key] = (shape, f"state of {shape.fsm}")
+        shape, what = found
         if correlation_key is not None:
             text(correlation_key, "correlation_key")
-        rows.append(Row(shape.fsm, shape.fsm_version, shape.step,
-                        encode_state(state, f"state of {shape.fsm}", payload_limit),
-                        shape.queue, shape.priority, shape.at, shape.delay, shape.concurrency_key,
-                        shape.rate_limit, shape.weight, correlation_key, shape.scope))
+        append(Row(shape.fsm, shape.fsm_version, shape.step, encode_state(state, what, payload_limit),
+                   shape.queue, shape.priority, shape.at, shape.delay, shape.concurrency_key,
+                   shape.rate_limit, shape.weight, correlation_key, shape.scope))
     return rows
 
 
@@ -262,14 +263,14 @@ def map_returned(rows: list[Row], returned: list[tuple[int, str | None]]) -> lis
     ones only the first can land (later ones conflict in-batch), and none when the key
     was already held.
     """
-    if len(returned) == len(rows) and all(key is None for _id, key, *_ in returned):
+    if len(returned) == len(rows) and all(key is None for _id, key in returned):
         return sorted(r[0] for r in returned)  # no keys: every row landed, in input order
     out: list[int | None] = [None] * len(rows)
     by_key: dict = {}
     for pos, r in enumerate(rows):
         by_key.setdefault(r.correlation_key, []).append(pos)
     ids_by_key: dict = {}
-    for id_, key, *_ in returned:
+    for id_, key in returned:
         ids_by_key.setdefault(key, []).append(id_)
     for key, positions in by_key.items():
         ids = sorted(ids_by_key.get(key, ()))

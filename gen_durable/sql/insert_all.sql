@@ -53,11 +53,11 @@ WITH input AS (
            parent_id
     FROM input
     ON CONFLICT (correlation_guard) WHERE correlation_guard IS NOT NULL DO NOTHING
-    RETURNING id, correlation_key, parent_id, queue, eligible_at <= now() AS due
+    RETURNING id, correlation_key, queue, eligible_at <= now() AS due
 ), wake AS (
     -- Due rows wake their queue; rows scheduled for later re-arm the workers' timers.
     SELECT pg_notify(CASE WHEN due THEN 'gen_durable' ELSE 'gen_durable_timer' END, queue)
     FROM (SELECT DISTINCT queue, due FROM ins) q
 )
-SELECT ins.id, ins.correlation_key, ins.parent_id
+SELECT ins.id, ins.correlation_key
 FROM ins CROSS JOIN (SELECT count(*) FROM wake) w
