@@ -699,6 +699,9 @@ class Scheduler:
             self.completed += 1
             nxt = continuation(job, entry)
             nxt.chain = (entry.chain[0], entry.chain[1], entry.from_step)
+            # The commit just proved the row ours (the flush is guarded by locked_by), as
+            # a claim does: no re-check before it starts (`_owned`).
+            nxt.checked = time.monotonic()
             if not self._stop.is_set():
                 nxt.is_async = is_async(nxt)
                 self.in_flight[entry.id] = nxt

@@ -8,6 +8,7 @@ call flusher.flush on rows claimed through the real pick. Step logs are files
 
 import os
 import signal
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -277,3 +278,41 @@ def test_a_crash_mid_chain_reruns_the_committed_step_once(committed, engine, que
     runs = Counter(s for s in steps_of(log, id_))
     assert runs == {"a": 1, "b": 2, "c": 1}, "the committed step a never re-ran; b re-ran once"
     assert [a for _, s, a, *_ in log_lines(log) if s == "b"] == [0, 1]
+
+
+def test_a_continuation_is_not_rechecked_its_flush_proved_it_ours(engine, queue_name, tmp_path, settings,
+                                                                   monkeypatch):
+    """A prefetched chain re-checks its claim once, when it leaves the buffer; the commit
+    of each inline transition proves the row ours again (guarded by locked_by), so a
+    continuation starts without a still_owned round trip even when its step ran past
+    RECHECK_FRESH."""
+    from gen_durable.worker import scheduler
+
+    settings.GEN_DURABLE = {**settings.GEN_DURABLE, "PREFETCH": 5}
+    calls = []
+    real = scheduler.still_owned
+
+    def counting(ids, worker, using=None):
+        calls.append(sorted(ids))
+        return real(ids, worker, using)
+
+    monkeypatch.setattr(scheduler, "still_owned", counting)
+    log, first_hold, second_hold = (str(tmp_path / n) for n in ("log", "hold1", "hold2"))
+    Path(first_hold).touch()
+    Path(second_hold).touch()
+    first = gd.insert(InlineChain, state={"log": log, "hold": first_hold}, queue=queue_name)
+    engine({queue_name: 1})
+    wait_until(lambda: steps_of(log, first) == ["a"], what="first chain holding in a")
+    # The one slot is busy: the second row is claimed into the buffer (prefetched).
+    second = gd.insert(InlineChain, state={"log": log, "hold": second_hold}, queue=queue_name)
+    wait_until(lambda: status(second) == "executing", what="second row claimed into the buffer")
+    time.sleep(scheduler.RECHECK_FRESH * 3)  # it waits past the window: re-checked as it starts
+    os.unlink(first_hold)
+    wait_until(lambda: steps_of(log, second) == ["a"], what="second chain holding in a")
+    assert calls == [[second]]
+    # a runs past RECHECK_FRESH: without the commit's proof, b would be re-checked.
+    time.sleep(scheduler.RECHECK_FRESH * 3)
+    os.unlink(second_hold)
+    wait_until(lambda: status(first) == "done" and status(second) == "done", what="both chains done")
+    assert steps_of(log, second) == ["a", "b", "c"]
+    assert calls == [[second]]
