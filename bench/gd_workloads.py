@@ -378,6 +378,11 @@ WORKLOADS = {
     # 500 ≈ 16.3k; 2 × 32 / 300 / 100 / 300 ≈ 13.9k; the fixed 2 × 50 / 50 / 25 / 100 ≈ 12.2k):
     # few threads, a deep buffer and larger group commits.
     "gd_drain_c16_p2_fb300": drain(20_000, 16, 2, prefetch=200, min_demand=50, max_batch=300),
+    "gd_drain_c4_p2_fb300": drain(20_000, 4, 2, prefetch=200, min_demand=50, max_batch=300),
+    "gd_drain_c8_p2_fb300": drain(20_000, 8, 2, prefetch=200, min_demand=50, max_batch=300),
+    # The 5-step inline machine in that tuned configuration (compare with the line above).
+    "gd_pipeline_5step_inline_c16_p2_fb300": drain(4_000, 16, 2, machine="InlinePipeline", steps_per=5,
+                                                   prefetch=200, min_demand=50, max_batch=300),
     "gd_drain_200k_c16_p2_fb300": sustained(concurrency=16, prefetch=200, min_demand=50, max_batch=300),
     # Multi-process scaling: one `rundurable --processes N` (its supervisor forks N).
     "gd_drain_c16_procs1": drain(20_000, 16, 1, prefetch=200, min_demand=50, supervisor=True),

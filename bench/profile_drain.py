@@ -2,6 +2,7 @@
 
     bench/.venv/bin/python bench/profile_drain.py [--n 200000] [--processes 2] [--concurrency 16]
         [--prefetch 200] [--min-demand 50] [--seconds 12] [--out bench/results/profile]
+        [--machine InlinePipeline --steps-per 5]
 
 Pre-fills ``n`` no-op jobs into a scratch database (``bench_profile``), starts
 ``processes`` `rundurable --burst` workers and, once they claim, samples each with
@@ -100,6 +101,9 @@ def main() -> int:
     ap.add_argument("--prefetch", type=int, default=200)
     ap.add_argument("--min-demand", type=int, default=50)
     ap.add_argument("--seconds", type=float, default=12)
+    ap.add_argument("--machine", default="noop",
+                    help="shop.durable machine to fill with (e.g. InlinePipeline: 5 steps per instance)")
+    ap.add_argument("--steps-per", type=int, default=1, help="steps per instance, to report steps/s")
     ap.add_argument("--out", default=str(harness.RESULTS_DIR / "profile"))
     a = ap.parse_args()
     out = Path(a.out)
@@ -109,11 +113,12 @@ def main() -> int:
              "PREFETCH": a.prefetch, "MIN_DEMAND": a.min_demand}
     lines = [f"# Drain profile ({harness.server_label()})", "",
              f"`bench/profile_drain.py --n {a.n} --processes {a.processes} --concurrency {a.concurrency} "
-             f"--prefetch {a.prefetch} --min-demand {a.min_demand} --seconds {a.seconds:g}`", ""]
+             f"--prefetch {a.prefetch} --min-demand {a.min_demand} --seconds {a.seconds:g}"
+             + (f" --machine {a.machine} --steps-per {a.steps_per}" if a.machine != "noop" else "") + "`", ""]
     with harness.exclusive_bench(server), harness.scratch_database("profile", server) as url:
         dbname = harness.db_identifier("profile")
         gd_workloads._manage(url, "migrate", "-v0")
-        gd_workloads._shell(url, gd_workloads.FILL.format(machine="noop", n=a.n))
+        gd_workloads._shell(url, gd_workloads.FILL.format(machine=a.machine, n=a.n))
         harness.settle(url)
         stats = False
         with psycopg.connect(server, autocommit=True) as conn:
@@ -154,8 +159,9 @@ def main() -> int:
                 if stats:
                     with psycopg.connect(server, autocommit=True) as sconn:
                         stmt_rows = sconn.execute(STATEMENTS_SQL, (dbname, 15)).fetchall()
-            lines += [f"Drain rate while sampled: {(d1 - d0) / (t1 - t0):,.0f} jobs/s "
-                      f"({d1 - d0:,} jobs in {t1 - t0:.1f} s).", ""]
+            lines += [f"Drain rate while sampled: {(d1 - d0) / (t1 - t0):,.0f} instances/s, "
+                      f"{(d1 - d0) * a.steps_per / (t1 - t0):,.0f} steps/s "
+                      f"({d1 - d0:,} instances in {t1 - t0:.1f} s).", ""]
         finally:
             for p in procs:
                 harness._stop_process(p)

@@ -23,6 +23,7 @@ from collections import deque
 from contextlib import nullcontext
 
 from asgiref.sync import sync_to_async
+from django.conf import settings as django_settings
 from django.db import close_old_connections, connections as django_connections, reset_queries
 
 from .. import db, sql, telemetry
@@ -122,6 +123,9 @@ class Scheduler:
         self._threads = 0  # of them, alive and not stuck on an abandoned step
         self._idle_threads = 0
         self._continuations = 0  # buffered next steps of inline chains (also in in_flight)
+        # Whether the buffer may hold async rows: set when one is buffered, so the
+        # dispatch scans the buffer for them only then (not on every dispatch).
+        self._async_buffered = False
         self._tasks: dict = {}  # id -> concurrent Future of an async step's task
 
     # --- control -------------------------------------------------------------
@@ -286,9 +290,12 @@ class Scheduler:
                                          "duration": time.perf_counter() - started},
                            {"queue": self.queue, "worker": self.worker_id})
             if jobs:
+                any_async = False
                 for job in jobs:
                     job.is_async = is_async(job)
+                    any_async = any_async or job.is_async
                 with self._lock:
+                    self._async_buffered = self._async_buffered or any_async
                     # Rows beyond the free slots wait in the buffer (PREFETCH): they
                     # re-check their claim before starting (`_still_ours`).
                     free = max(self.concurrency - self.running - len(self.buffer), 0)
@@ -317,15 +324,19 @@ class Scheduler:
         free = self.concurrency - self.running
         if free <= 0:
             return
-        if any(getattr(j, "is_async", False) for j in self.buffer):
+        if self._async_buffered:
             keep = deque()
+            left = False
             for job in self.buffer:
-                if free > 0 and getattr(job, "is_async", False):
-                    self._start_async(job)
-                    free -= 1
-                else:
-                    keep.append(job)
+                if getattr(job, "is_async", False):
+                    if free > 0:
+                        self._start_async(job)
+                        free -= 1
+                        continue
+                    left = True
+                keep.append(job)
             self.buffer = keep
+            self._async_buffered = left
         sync = min(len(self.buffer), free)
         if sync:
             spawn = min(sync - self._idle_threads, self.concurrency - self._threads)
@@ -457,8 +468,11 @@ class Scheduler:
                 if conn.connection is not None and not run.abandoned:
                     close_old_connections()
                 # And like Django after a request: with DEBUG on, every query is kept in
-                # the connection's log until reset (memory grows with each step).
-                reset_queries()
+                # the connection's log until reset (memory grows with each step). Only
+                # DEBUG logs them here (a test's query capture is on its own thread), and
+                # reset_queries walks every alias: not worth it per no-op step otherwise.
+                if django_settings.DEBUG:
+                    reset_queries()
                 idle_since = time.monotonic()
         # Persistent connections (CONN_MAX_AGE) of this thread would outlive it.
         django_connections.close_all()
@@ -642,7 +656,7 @@ class Scheduler:
 
         An inline continuation is not waited for: the thread goes on with other rows
         while the transition commits (the row stays executing, held by us, its lease
-        extended). Only once it has committed does `continue_chain` put the next step
+        extended). Only once it has committed does `continue_chains` put the next step
         back in front of the buffer, with the claim it holds — so a stale commit
         (cancelled, reaped, re-claimed) runs nothing more. The next step passes the
         limiter first, here, after that commit: admission stamps rows unguarded, so an
@@ -680,39 +694,46 @@ class Scheduler:
             entry = await sync_to_async(execute)(job, inline=allowed)
         self._submit(job, entry, allowed, steps)
 
-    def continue_chain(self, entry, committed: bool) -> None:
-        """The flush of an inline `entry` ended (called by the flusher's on_commit).
+    def continue_chains(self, entries, committed) -> None:
+        """The flush of inline `entries` ended (called by the flusher's on_commit with
+        the ids that committed; one lock and one dispatch for the whole flush).
 
         Committed: the next step goes in front of the buffer as a continuation of the
         same claim (still in flight, heartbeated). Stale: the row is not ours any more;
         it leaves our hands and nothing more runs. A worker stopping meanwhile requeues
         the row with a plain Next instead of running on.
         """
+        requeue = []
         with self._lock:
-            job = self.in_flight.get(entry.id)
-            if job is None:
-                return
-            if not committed:
-                del self.in_flight[entry.id]
-                self._wake.set()
-                return
-            self.completed += 1
-            nxt = continuation(job, entry)
-            nxt.chain = (entry.chain[0], entry.chain[1], entry.from_step)
-            # The commit just proved the row ours (the flush is guarded by locked_by), as
-            # a claim does: no re-check before it starts (`_owned`).
-            nxt.checked = time.monotonic()
-            if not self._stop.is_set():
+            now = time.monotonic()
+            for entry in entries:
+                job = self.in_flight.get(entry.id)
+                if job is None:
+                    continue
+                if entry.id not in committed:
+                    del self.in_flight[entry.id]
+                    self._wake.set()
+                    continue
+                self.completed += 1
+                nxt = continuation(job, entry)
+                nxt.chain = (entry.chain[0], entry.chain[1], entry.from_step)
+                # The commit just proved the row ours (the flush is guarded by
+                # locked_by), as a claim does: no re-check before it starts (`_owned`).
+                nxt.checked = now
+                if self._stop.is_set():
+                    requeue.append((entry, nxt))
+                    continue
                 nxt.is_async = is_async(nxt)
+                self._async_buffered = self._async_buffered or nxt.is_async
                 self.in_flight[entry.id] = nxt
                 self.buffer.appendleft(nxt)
                 self._continuations += 1
-                self._dispatch_locked()
-                return
-        telemetry.emit("inline.yield", {"steps": entry.chain[1] - 1},
-                       {"id": nxt.id, "fsm": nxt.fsm, "step": nxt.step, "reason": "stopping"})
-        self.flusher.step_started()
-        self.flusher.submit(requeue_entry(nxt))
+            self._dispatch_locked()
+        for entry, nxt in requeue:
+            telemetry.emit("inline.yield", {"steps": entry.chain[1] - 1},
+                           {"id": nxt.id, "fsm": nxt.fsm, "step": nxt.step, "reason": "stopping"})
+            self.flusher.step_started()
+            self.flusher.submit(requeue_entry(nxt))
 
     def settle(self, ids, completed: bool = True) -> None:
         """These rows left our hands: free their slots and wake the feeder to refill.

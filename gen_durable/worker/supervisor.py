@@ -120,9 +120,12 @@ class Supervisor:
         # An inline entry's row is still ours: its next step goes back to its scheduler
         # (or, if the commit was stale, the row leaves our hands).
         self._settle([e for e in entries if e.kind != "inline"])
+        inline: dict = {}
         for e in entries:
             if e.kind == "inline" and e.queue in self.schedulers:
-                self.schedulers[e.queue].continue_chain(e, e.id in result.committed)
+                inline.setdefault(e.queue, []).append(e)
+        for queue, chained in inline.items():
+            self.schedulers[queue].continue_chains(chained, result.committed)
         for q in result.woken:
             self._wake(q)
         # This flush may have armed a deadline earlier than the timer's next one.
