@@ -205,7 +205,12 @@ def thread_is_clean() -> bool:
 
     The engine's step threads start every step clean; `drain()` inside a test's
     `transaction.atomic()` does not, and is then left alone by `discard_dangling`.
+    A step thread marks itself (`engine_thread.clean_between_steps`): every step it
+    runs ends with `discard_dangling`, so it is clean by construction and the scan of
+    its connections (~4 µs per step through Django's connection handler) is skipped.
     """
+    if getattr(engine_thread, "clean_between_steps", False):
+        return True
     return not any(_dangling(c) for c in connections.all(initialized_only=True))
 
 

@@ -393,6 +393,7 @@ class Scheduler:
         """
         # This thread's own Django connection: keepalives, kept across steps.
         conn = connections.bind("step", self.using, statements=False, persistent=True, tag=getattr(self, "tag", None))
+        db.engine_thread.clean_between_steps = True  # every step below ends with discard_dangling
         me = threading.current_thread()
         idle_since = time.monotonic()
         while True:
