@@ -191,3 +191,29 @@ def test_the_limit_counts_bytes_not_characters():
 
 def test_no_limit_means_no_size_check():
     assert len(codec.encode_state({"blob": "x" * 2_000_000})) > 2_000_000
+
+
+@pytest.mark.parametrize("text", [
+    '{"n": 1, "s": "\\u00e9\\u0000"}', "[1, 2.5, null, true]", '"x"', "12", "null", "-1.5e3",
+    ' {"a": 1} ', b'{"b": 2}', '{"nested": {"deep": [{"x": []}]}}',
+])
+def test_loads_decodes_like_json_loads(text):
+    # codec.loads scans jsonb text with the C scanner directly; whatever it cannot take
+    # whole (surrounding whitespace, bytes) goes through json.loads.
+    assert codec.loads(text) == json.loads(text)
+
+
+@pytest.mark.parametrize("text", ['{"a": 1} x', "", "{", "NaNx"])
+def test_loads_rejects_what_json_loads_rejects(text):
+    with pytest.raises(json.JSONDecodeError):
+        codec.loads(text)
+
+
+def test_encode_matches_the_stdlib_encoder_and_rejects_cycles():
+    value = {"b": [1, 2.5, None, True], "a": "é", "t": (1, 2)}
+    assert codec.encode(value, "v") == json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    cyclic: list = []
+    cyclic.append(cyclic)
+    with pytest.raises(SerializationError, match="not JSON"):
+        codec.encode(cyclic, "v")
+    assert codec.encode({"after": "a failed encode"}, "v") == '{"after":"a failed encode"}'
