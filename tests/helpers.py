@@ -67,3 +67,19 @@ def log_lines(path):
 def tally(path, what):
     """How many `what` lines ("start", "end"…) each id has in the step log."""
     return Counter(i for i, _, w, _ in log_lines(path) if w == what)
+
+
+def record_rechecks(monkeypatch) -> list:
+    """Record the ids of every buffered-row re-check (`still_owned`) the scheduler runs,
+    one sorted list per statement, while still running it."""
+    from gen_durable.worker import scheduler
+
+    calls = []
+    real = scheduler.still_owned
+
+    def counting(ids, worker, using=None):
+        calls.append(sorted(ids))
+        return real(ids, worker, using)
+
+    monkeypatch.setattr(scheduler, "still_owned", counting)
+    return calls

@@ -23,6 +23,7 @@ from gen_durable.outcomes import Next
 from gen_durable.worker import claims, executor
 from gen_durable.worker.flusher import flush
 from tests.conftest import wait_until
+from tests.helpers import record_rechecks
 from tests.durable_app.inline_machines import InlineBoundary, InlineChain, InlineCounter, InlineOptIn
 from tests.integration.test_statements import statements
 
@@ -289,14 +290,7 @@ def test_a_continuation_is_not_rechecked_its_flush_proved_it_ours(engine, queue_
     from gen_durable.worker import scheduler
 
     settings.GEN_DURABLE = {**settings.GEN_DURABLE, "PREFETCH": 5}
-    calls = []
-    real = scheduler.still_owned
-
-    def counting(ids, worker, using=None):
-        calls.append(sorted(ids))
-        return real(ids, worker, using)
-
-    monkeypatch.setattr(scheduler, "still_owned", counting)
+    calls = record_rechecks(monkeypatch)
     log, first_hold, second_hold = (str(tmp_path / n) for n in ("log", "hold1", "hold2"))
     Path(first_hold).touch()
     Path(second_hold).touch()

@@ -14,6 +14,7 @@ from gen_durable.models import Instance
 from gen_durable.testing import assert_failed, drain
 from gen_durable.worker import scheduler
 from tests.conftest import wait_until
+from tests.helpers import record_rechecks
 
 SIDE = "gd_test_side_effects"
 
@@ -188,14 +189,7 @@ def test_buffered_rows_past_their_window_are_rechecked_in_one_statement(engine, 
     """Four rows wait in the buffer past RECHECK_FRESH: the first to start re-checks all
     four in one still_owned statement (not one round trip each), and all of them run."""
     settings.GEN_DURABLE = {**settings.GEN_DURABLE, "PREFETCH": 5}
-    calls = []
-    real = scheduler.still_owned
-
-    def counting(ids, worker, using=None):
-        calls.append(sorted(ids))
-        return real(ids, worker, using)
-
-    monkeypatch.setattr(scheduler, "still_owned", counting)
+    calls = record_rechecks(monkeypatch)
     RAN.clear()
     GATE.clear()
     blocker = gd.insert(Blocker, state={"block": True}, queue=queue_name)
