@@ -168,9 +168,11 @@ def insert(machine, *, state=None, args=None, step=None, queue=None, priority=0,
 # Insert keywords that usually differ from spec to spec in a batch; spec_rows validates
 # them per row and everything else once per distinct (machine, other keywords).
 _PER_ROW = frozenset({"state", "args", "correlation_key"})
-# Types whose equal values validate alike (a tuple could hold 1 and 1.0, which render
-# differently as a key partition), so a validated shape can be reused for them.
-_SHAPE_TYPES = frozenset({str, int, float, type(None), dt.datetime, dt.timedelta})
+# Types whose equal values validate and store alike, so a validated shape can be
+# reused for them: not a tuple (it could hold 1 and 1.0, which render differently as a
+# key partition), not a datetime (two readings of a repeated wall-clock hour, fold 0
+# and 1, compare equal and hash alike but are an hour apart).
+_SHAPE_TYPES = frozenset({str, int, float, type(None), dt.timedelta})
 
 
 def spec_rows(specs) -> list[Row]:
@@ -182,14 +184,14 @@ def spec_rows(specs) -> list[Row]:
     """
     rows = []
     append = rows.append
-    shapes: dict = {}  # key -> (validated shape Row, the state's name in errors)
+    shapes: dict = {}  # key -> (the first Row of that shape, the state's name in errors)
     payload_limit = get_settings().MAX_PAYLOAD_BYTES
     for i, spec in enumerate(specs):
         if not isinstance(spec, Spec):
             raise InvalidInput(f"insert_all takes gd.Spec(Machine, **kwargs) values; item {i} is {spec!r}")
         kwargs = spec.kwargs
         if kwargs.keys() <= _PER_ROW:  # the common batch: a machine and per-row values
-            key = spec.machine
+            key = (spec.machine,)
         else:
             if "using" in kwargs:
                 raise InvalidInput("pass using= to insert_all itself, not inside a Spec")
@@ -203,15 +205,19 @@ def spec_rows(specs) -> list[Row]:
         except TypeError:  # an unhashable machine argument: validate it whole
             append(build_row(spec.machine, **kwargs))
             continue
+        if found is None:
+            # The first spec of a shape gets every check, in build_row's order (the
+            # same error as insert() for a spec with several faults).
+            row = build_row(spec.machine, **kwargs)
+            shapes[key] = (row, f"state of {row.fsm}")
+            append(row)
+            continue
+        shape, what = found
         state, correlation_key = kwargs.get("state"), kwargs.get("correlation_key")
         if "args" in kwargs:
             if state is not None and kwargs["args"] is not None:
                 raise InvalidInput("pass state= or args= (its alias for jobs), not both")
             state = kwargs["args"] if state is None else state
-        if found is None:
-            shape = build_row(spec.machine, **{k: v for k, v in kwargs.items() if k not in _PER_ROW})
-            found = shapes[key] = (shape, f"state of {shape.fsm}")
-        shape, what = found
         if correlation_key is not None:
             text(correlation_key, "correlation_key")
         append(Row(shape.fsm, shape.fsm_version, shape.step, encode_state(state, what, payload_limit),
@@ -241,6 +247,10 @@ def insert_rows(rows: list[Row], parent_ids=None, using=None) -> list[int | None
     params = {"state": db.pg_array(list(map(attrgetter("state"), rows)))}
     scopes = list(map(attrgetter("scope"), rows))
     columns = {name: list(map(attrgetter(name), rows)) for name in _COLUMNS}
+    if columns["at"].count(None) != len(rows):
+        # As UTC instants: aware datetimes that compare equal need not be one instant
+        # (fold), and batch_column sends equal values once.
+        columns["at"] = [None if a is None else a.astimezone(dt.timezone.utc) for a in columns["at"]]
     columns["scope"] = ([None] if scopes.count(LIVE_STATUSES) == len(scopes)
                         else [None if s == LIVE_STATUSES else ",".join(s) for s in scopes])
     columns["parent_id"] = [None] if parent_ids is None else list(parent_ids)

@@ -11,6 +11,7 @@ import logging
 import threading
 
 from django.db import connections
+from django.db.backends.signals import connection_created
 
 from .conf import database_alias
 
@@ -214,6 +215,26 @@ def thread_is_clean() -> bool:
     return not any(_dangling(c) for c in connections.all(initialized_only=True))
 
 
+def _track_connection(sender, connection, **kwargs):
+    """`connection_created` receiver: a step thread (`engine_thread.opened`) keeps the
+    connections it opens, so after each step it looks at those (usually one) instead of
+    walking every alias through Django's connection handler (~3 µs a walk, two walks
+    per step). Only a connection that was opened can hold a transaction or an error."""
+    opened = getattr(engine_thread, "opened", None)
+    if opened is not None and not any(c is connection for c in opened):
+        opened.append(connection)
+
+
+connection_created.connect(_track_connection, dispatch_uid="gen_durable.db.track_connection")
+
+
+def thread_connections() -> list:
+    """This thread's connections that may be open: on a step thread the ones it opened,
+    elsewhere every initialized one."""
+    opened = getattr(engine_thread, "opened", None)
+    return connections.all(initialized_only=True) if opened is None else list(opened)
+
+
 def discard_dangling(where: str) -> list[str]:
     """Restore this thread's connections after user code (a step, `handle()`).
 
@@ -225,7 +246,7 @@ def discard_dangling(where: str) -> list[str]:
     discarded. Call only when the thread was clean before the user code ran.
     """
     discarded = []
-    for conn in connections.all(initialized_only=True):
+    for conn in thread_connections():
         if not _dangling(conn):
             continue
         discarded.append(conn.alias)
@@ -237,4 +258,7 @@ def discard_dangling(where: str) -> list[str]:
         except Exception:
             logger.debug("closing the dangling connection %r failed", conn.alias, exc_info=True)
         del connections[conn.alias]  # the wrapper's atomic state is gone with it
+        opened = getattr(engine_thread, "opened", None)
+        if opened is not None:
+            opened[:] = [c for c in opened if c is not conn]
     return discarded

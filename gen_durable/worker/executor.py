@@ -167,6 +167,8 @@ def _run(cls, job: Claimed, inline: bool = False) -> Entry:
             # The database went away under the step (a restart, a failover, no free
             # connection): nothing is wrong with the instance, so it is retried with
             # back-off without asking handle(), for machines and jobs alike.
+            if clean:
+                db.discard_dangling(f"step {where}")
             return retry
         # Any exception, SystemExit included (a step thread is not the main thread, so
         # nothing else would stop): handle() sees no inputs, and its outcome consumes
@@ -323,7 +325,9 @@ def execute_timeout(job: Claimed, timeout: float, elapsed: float) -> Entry:
             ctx.state = load_typed(cls.State, state)
     except BaseException as exc:
         return stop_entry(job, f"{error_text(error)}; its state no longer decodes: {error_text(exc)}")
-    return _handled(machine, cls, job, ctx, error)
+    # On a step thread (clean between steps) a transaction handle() leaves open is
+    # rolled back here, as after any step, not blamed on the thread's next step.
+    return _handled(machine, cls, job, ctx, error, clean=db.thread_is_clean())
 
 
 @functools.lru_cache(maxsize=1024)

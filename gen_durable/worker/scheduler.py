@@ -394,6 +394,7 @@ class Scheduler:
         # This thread's own Django connection: keepalives, kept across steps.
         conn = connections.bind("step", self.using, statements=False, persistent=True, tag=getattr(self, "tag", None))
         db.engine_thread.clean_between_steps = True  # every step below ends with discard_dangling
+        db.engine_thread.opened = []  # the connections this thread opens (db.thread_connections)
         me = threading.current_thread()
         idle_since = time.monotonic()
         while True:
@@ -466,8 +467,12 @@ class Scheduler:
                 if db.connection(self.using) is not conn:
                     conn = connections.bind("step", self.using, statements=False, persistent=True,
                                             tag=getattr(self, "tag", None))
-                if conn.connection is not None and not run.abandoned:
-                    close_old_connections()
+                if not run.abandoned:
+                    # The next step starts clean (`clean_between_steps`) whatever path this
+                    # one took; then close_old_connections() over what this thread opened.
+                    db.discard_dangling(f"step {job.fsm}.{job.step} (instance {job.id})")
+                    for c in db.thread_connections():
+                        c.close_if_unusable_or_obsolete()
                 # And like Django after a request: with DEBUG on, every query is kept in
                 # the connection's log until reset (memory grows with each step). Only
                 # DEBUG logs them here (a test's query capture is on its own thread), and

@@ -301,3 +301,38 @@ def test_insert_all_validates_every_spec_when_its_shape_repeats(first, second, m
     with pytest.raises(gd.InvalidInput, match=message):
         gd.insert_all([gd.Spec(Plain, **first)] * 3 + [gd.Spec(Plain, **second)])
     assert Instance.objects.count() == before
+
+
+@pytest.mark.parametrize("queues", [("q", "q"), ("qx", "qy")])
+def test_insert_all_keeps_both_readings_of_a_repeated_wall_clock_hour(queues):
+    # 01:30 on the night New York leaves DST happens twice (fold 0 and 1, an hour
+    # apart); the two aware datetimes compare equal in Python. One shape validated
+    # once, or one column value sent once, must not make them one instant.
+    from zoneinfo import ZoneInfo
+
+    first = dt.datetime(2031, 11, 2, 1, 30, tzinfo=ZoneInfo("America/New_York"))
+    second = first.replace(fold=1)
+    assert first == second and second - first == dt.timedelta(0)
+    ids = gd.insert_all([gd.Spec(Plain, eligible_at=first, queue=queues[0]),
+                         gd.Spec(Plain, eligible_at=second, queue=queues[1])])
+    stored = [Instance.objects.get(id=i).eligible_at for i in ids]
+    assert stored == [first.astimezone(dt.timezone.utc), second.astimezone(dt.timezone.utc)]
+    assert stored[1] - stored[0] == dt.timedelta(hours=1)
+    assert stored[1] == Instance.objects.get(id=gd.insert(Plain, eligible_at=second)).eligible_at
+
+
+@pytest.mark.parametrize("machine, kwargs", [
+    (Plain, {"state": object(), "concurrency_key": 5}),
+    (Plain, {"correlation_key": 5, "weight": 0}),
+    ("nope.Machine", {"state": 1, "args": 2}),
+    (object, {"state": 1, "args": 2}),
+    ((Plain, ("queue", str, "q")), {}),  # not a machine, though shaped like a cached shape's key
+])
+def test_insert_all_reports_a_faulty_spec_as_insert_does(machine, kwargs):
+    # The first spec of each shape gets build_row's checks in build_row's order, so a
+    # spec with several faults fails on the same one as insert(), also after good specs.
+    with pytest.raises(Exception) as single:
+        gd.insert(machine, **kwargs)
+    with pytest.raises(Exception) as batch:
+        gd.insert_all([gd.Spec(Plain, queue="q")] * 2 + [gd.Spec(machine, **kwargs)])
+    assert (type(batch.value), str(batch.value)) == (type(single.value), str(single.value))

@@ -4,6 +4,7 @@ outcome with a readable last_error, and user backoff values never overflow
 (docs/design.md#isolation)."""
 
 import logging
+import uuid
 import time
 
 import pytest
@@ -204,3 +205,47 @@ def test_buffered_rows_past_their_window_are_rechecked_in_one_statement(engine, 
                what="buffered rows done")
     assert calls == [sorted(buffered)]
     assert sorted(RAN) == sorted(buffered)
+
+
+class LeakyHandle(gd.Machine):
+    """`start` hangs past its 0.3 s timeout (until its gate opens); the handle() that gets
+    the StepTimeout leaves an atomic block open."""
+
+    name = "tests.isolation.LeakyHandle"
+
+    @gd.step(timeout=0.3)
+    def start(self, ctx):
+        from tests.durable_app.time_machines import hang
+
+        hang(ctx)
+        return gd.Done({"late": True})
+
+    def handle(self, error, ctx):
+        transaction.atomic().__enter__()  # entered, never exited
+        return gd.Done({"handled": type(error).__name__})
+
+
+def test_a_transaction_left_open_by_handle_after_a_step_timeout_is_not_blamed_on_the_next_step(
+        engine, queue_name, side_table, monkeypatch, caplog):
+    # handle(StepTimeout) runs on a live step thread outside the step path that cleans
+    # up after user code; the thread is trusted clean before each step, so what handle()
+    # leaves open must be rolled back there, not found by (and failing) the next step.
+    from tests.durable_app.time_machines import gate
+
+    monkeypatch.setitem(connections.settings["default"], "CONN_MAX_AGE", None)
+    name = f"g{uuid.uuid4().hex[:8]}"
+    caplog.set_level(logging.WARNING, logger="gen_durable.db")
+    try:
+        bad = gd.insert(LeakyHandle, state={"gate": name}, queue=queue_name)
+        engine({queue_name: 1})
+        wait_until(lambda: Instance.objects.get(id=bad).status in ("done", "failed"), timeout=30,
+                   what="the timed-out step handled")
+        good = gd.insert_all([gd.Spec(Leaky, queue=queue_name) for _ in range(3)])
+        wait_until(lambda: Instance.objects.filter(id__in=good, status__in=["done", "failed"]).count() == 3,
+                   timeout=30, what="the later steps terminal")
+        assert set(Instance.objects.filter(id__in=good, status="done").values_list("id", flat=True)) == set(good)
+        assert _read_committed() == set(good)
+        row = assert_failed(bad, "TransactionLeftOpen")
+        assert "handle() of tests.isolation.LeakyHandle.start" in row["last_error"]
+    finally:
+        gate(name).set()
