@@ -56,6 +56,9 @@ STEP_IDLE_RELEASE = 30.0
 # outcome is dropped), as for a running step.
 RECHECK_BATCH = 500
 RECHECK_FRESH = 0.05
+# Seconds stop() waits for cancelled async steps to finish their cancellation; one that
+# takes longer (it catches CancelledError and goes on) is handed back like a running step.
+CANCEL_SETTLE = 1.0
 
 
 class Abandoned(Exception):
@@ -174,6 +177,16 @@ class Scheduler:
             tasks = list(self._tasks.values())
         for task in tasks:  # async steps past the drain: cancelled, nothing commits (the lease recovers them)
             task.cancel()
+        # The cancellation is carried out on the loop (its CancelledError may run cleanup
+        # code first). Wait, bounded, until the cancelled steps have left (`_async_step`
+        # settles them), so the supervisor's hand-back of still-running steps
+        # (`abandon_running`) does not take a cancelled one for a running one.
+        deadline = time.monotonic() + CANCEL_SETTLE
+        while tasks and time.monotonic() < deadline:
+            with self._lock:
+                if not self._tasks:
+                    break
+            time.sleep(0.005)
         return {"released": len(released), "in_flight": in_flight}
 
     def abandon_running(self, drain_timeout: float) -> int:

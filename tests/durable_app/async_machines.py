@@ -29,6 +29,23 @@ class AsyncSleeper(gd.Machine):
         return gd.Done({"slept": ctx.state.get("sleep", 0)})
 
 
+class AsyncSlowCancel(gd.Machine):
+    """Awaits state["sleep"] s; when cancelled, takes state["cleanup"] s to clean up
+    before the CancelledError goes on (a step closing a client, say). Logs its start."""
+
+    name = "tests.AsyncSlowCancel"
+
+    @gd.step
+    async def start(self, ctx):
+        record(ctx, ":start")
+        try:
+            await asyncio.sleep(ctx.state.get("sleep", 60))
+        except asyncio.CancelledError:
+            await asyncio.sleep(ctx.state.get("cleanup", 0.3))
+            raise
+        return gd.Done({})
+
+
 class AsyncKinds(gd.Machine):
     """Returns the outcome kind named by state["kind"] from an async step."""
 

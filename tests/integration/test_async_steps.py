@@ -172,6 +172,23 @@ def test_stop_drains_async_steps_and_cancels_those_past_the_drain_timeout(engine
     assert not any(":end" in line and line.startswith(f"{slow} ") for line in lines(log))
 
 
+def test_a_cancelled_async_step_is_settled_before_the_shutdown_hands_back_running_steps(
+        engine, queue_name, tmp_path):
+    # stop() cancels the async steps past the drain, then the supervisor hands back what
+    # still runs. The cancellation is carried out on the loop: stop() waits (bounded) for
+    # the cancelled steps to leave, so one whose cleanup takes a moment is not mistaken
+    # for a running step and handed back; as documented, its lease recovers it.
+    from tests.durable_app.async_machines import AsyncSlowCancel
+
+    log = tmp_path / "log"
+    slow = gd.insert(AsyncSlowCancel, queue=queue_name, state={"sleep": 60, "cleanup": 0.3, "log": str(log)})
+    sup = engine({queue_name: 2})
+    wait_until(lambda: len(lines(log)) == 1, what="started")
+    sup.stop()
+    row = Instance.objects.get(id=slow)
+    assert (row.status, row.attempt, row.result) == ("executing", 0, None)
+
+
 def test_async_inline_chain_and_its_orphan(engine, queue_name, tmp_path, events):
     log, held = tmp_path / "log", tmp_path / "hold"
     chained = gd.insert(AsyncInlineChain, queue=queue_name, state={"log": str(log)})
