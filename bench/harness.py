@@ -697,6 +697,10 @@ TARGETS = [
     ("@task drain on gen_durable ≥ 10× django-tasks-db", "tasks_gen_durable", "tasks_django_tasks_db", 10.0),
     ("5-step machine (inline continuation) steps/s ≥ 1.3× job drain", "gd_pipeline_5step_inline_c50_p2",
      "gd_drain_c50_p2", 1.3),
+    ("5-step machine (inline), tuned ≥ 1.3× job drain, tuned (start-up inside)",
+     "gd_pipeline_5step_inline_c16_p2_fb300", "gd_drain_c16_p2_fb300", 1.3),
+    ("5-step machine (inline), tuned ≥ 1.3× job drain, tuned (start-up outside)",
+     "gd_pipeline_5step_inline_c16_p2_fb300@outside", "gd_drain_c16_p2_fb300@outside", 1.3),
     ("insert_all ≥ 50 % of the raw batch-insert ceiling", "gd_insert_all_100k", "raw_insert_unnest", 0.5),
 ]
 

@@ -206,13 +206,20 @@ def thread_is_clean() -> bool:
 
     The engine's step threads start every step clean; `drain()` inside a test's
     `transaction.atomic()` does not, and is then left alone by `discard_dangling`.
-    A step thread marks itself (`engine_thread.clean_between_steps`): every step it
-    runs ends with `discard_dangling`, so it is clean by construction and the scan of
-    its connections (~4 µs per step through Django's connection handler) is skipped.
+    A step thread (`engine_thread.opened` set, see `mark_step_thread`) ends every job
+    with `discard_dangling`, so it is clean by construction and the scan of its
+    connections (~4 µs per step through Django's connection handler) is skipped.
     """
-    if getattr(engine_thread, "clean_between_steps", False):
+    if getattr(engine_thread, "opened", None) is not None:
         return True
     return not any(_dangling(c) for c in connections.all(initialized_only=True))
+
+
+def mark_step_thread() -> None:
+    """Call on a step thread before its first step: from now on it tracks the connections
+    it opens (`thread_connections`) and counts as clean before each step — the step
+    loop ends every job with `discard_dangling`."""
+    engine_thread.opened = []
 
 
 def _track_connection(sender, connection, **kwargs):

@@ -406,8 +406,7 @@ class Scheduler:
         """
         # This thread's own Django connection: keepalives, kept across steps.
         conn = connections.bind("step", self.using, statements=False, persistent=True, tag=getattr(self, "tag", None))
-        db.engine_thread.clean_between_steps = True  # every step below ends with discard_dangling
-        db.engine_thread.opened = []  # the connections this thread opens (db.thread_connections)
+        db.mark_step_thread()  # every job below ends with discard_dangling
         me = threading.current_thread()
         idle_since = time.monotonic()
         while True:
@@ -481,7 +480,7 @@ class Scheduler:
                     conn = connections.bind("step", self.using, statements=False, persistent=True,
                                             tag=getattr(self, "tag", None))
                 if not run.abandoned:
-                    # The next step starts clean (`clean_between_steps`) whatever path this
+                    # The next step starts clean (`db.mark_step_thread`) whatever path this
                     # one took; then close_old_connections() over what this thread opened.
                     db.discard_dangling(f"step {job.fsm}.{job.step} (instance {job.id})")
                     for c in db.thread_connections():

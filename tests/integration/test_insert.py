@@ -255,8 +255,9 @@ def test_insert_all_stores_each_rows_values_whether_a_column_varies_or_repeats()
                 correlation_key="v2"),
     ]
     same = [gd.Spec(Plain, state={"i": i}, queue="qs", priority=7, eligible_at=at) for i in range(3)]
-    now = db_now()
-    ids = gd.insert_all(varied + same)
+    with transaction.atomic():  # now() is the transaction's start: schedule_in lands exactly
+        now = db_now()
+        ids = gd.insert_all(varied + same)
     rows = {r.id: r for r in Instance.objects.filter(id__in=ids)}
     got = [rows[i] for i in ids]
     assert [r.state for r in got] == [{"i": 0}, {"i": 1}, {"i": 2}, {"i": 0}, {"i": 1}, {"i": 2}]
@@ -267,7 +268,7 @@ def test_insert_all_stores_each_rows_values_whether_a_column_varies_or_repeats()
     assert [r.weight for r in got] == [2.0, 1.5, 1.0, 1.0, 1.0, 1.0]
     assert [r.correlation_key for r in got] == ["v0", None, "v2", None, None, None]
     assert got[0].eligible_at == at and [r.eligible_at for r in got[3:]] == [at] * 3
-    assert dt.timedelta(seconds=3590) < got[1].eligible_at - now < dt.timedelta(seconds=3610)
+    assert got[1].eligible_at - now == dt.timedelta(seconds=3600)
     with connection.cursor() as cur:
         cur.execute("SELECT id, correlation_scope::text[] FROM gen_durable WHERE id = ANY(%s)", [ids[:3]])
         scopes = dict(cur.fetchall())

@@ -159,23 +159,30 @@ def _blockers(kind):
     return AsyncBlocker, ASYNC_GATE, ASYNC_RAN
 
 
+def _buffered_behind_a_blocker(engine, queue_name, settings, blocker_cls, gate, ran, n):
+    """One slot, busy with a blocking row; `n` rows claimed into the buffer behind it
+    (PREFETCH) and left there past RECHECK_FRESH. Returns (blocker id, buffered ids)."""
+    settings.GEN_DURABLE = {**settings.GEN_DURABLE, "PREFETCH": 5}
+    ran.clear()
+    gate.clear()
+    blocker = gd.insert(blocker_cls, state={"block": True}, queue=queue_name)
+    engine({queue_name: 1})
+    wait_until(lambda: Instance.objects.filter(id=blocker, status="executing").exists(), what="blocker running")
+    buffered = gd.insert_all([gd.Spec(blocker_cls, queue=queue_name) for _ in range(n)])
+    wait_until(lambda: Instance.objects.filter(id__in=buffered, status="executing").count() == n,
+               timeout=30, what=f"{n} rows claimed into the buffer")
+    time.sleep(scheduler.RECHECK_FRESH * 2)
+    return blocker, buffered
+
+
 @pytest.mark.parametrize("kind", ["sync", "async"])
 def test_a_row_cancelled_while_buffered_never_runs_its_step(engine, queue_name, settings, kind):
     """A row claimed beyond the free slots (PREFETCH) is re-checked before its step starts,
     for sync and `async def` steps alike."""
     Blocker, GATE, RAN = _blockers(kind)  # noqa: N806 (the module's names, per kind)
-    settings.GEN_DURABLE = {**settings.GEN_DURABLE, "PREFETCH": 5}
-    RAN.clear()
-    GATE.clear()
-    blocker = gd.insert(Blocker, state={"block": True}, queue=queue_name)
-    engine({queue_name: 1})
-    wait_until(lambda: Instance.objects.filter(id=blocker, status="executing").exists(), what="blocker running")
-    buffered = gd.insert_all([gd.Spec(Blocker, queue=queue_name) for _ in range(3)])
-    wait_until(lambda: Instance.objects.filter(id__in=buffered, status="executing").count() == 3,
-               timeout=30, what="three rows claimed into the buffer")
     # The claim proves a row ours for RECHECK_FRESH s (a cancel within it is caught by
     # the flush guard, as for a running step); this cancel comes after it.
-    time.sleep(scheduler.RECHECK_FRESH * 2)
+    blocker, buffered = _buffered_behind_a_blocker(engine, queue_name, settings, Blocker, GATE, RAN, 3)
     for id_ in buffered:
         gd.cancel(id_, "customer left")
     GATE.set()
@@ -189,17 +196,8 @@ def test_a_row_cancelled_while_buffered_never_runs_its_step(engine, queue_name, 
 def test_buffered_rows_past_their_window_are_rechecked_in_one_statement(engine, queue_name, settings, monkeypatch):
     """Four rows wait in the buffer past RECHECK_FRESH: the first to start re-checks all
     four in one still_owned statement (not one round trip each), and all of them run."""
-    settings.GEN_DURABLE = {**settings.GEN_DURABLE, "PREFETCH": 5}
     calls = record_rechecks(monkeypatch)
-    RAN.clear()
-    GATE.clear()
-    blocker = gd.insert(Blocker, state={"block": True}, queue=queue_name)
-    engine({queue_name: 1})
-    wait_until(lambda: Instance.objects.filter(id=blocker, status="executing").exists(), what="blocker running")
-    buffered = gd.insert_all([gd.Spec(Blocker, queue=queue_name) for _ in range(4)])
-    wait_until(lambda: Instance.objects.filter(id__in=buffered, status="executing").count() == 4,
-               timeout=30, what="four rows claimed into the buffer")
-    time.sleep(scheduler.RECHECK_FRESH * 2)
+    _blocker, buffered = _buffered_behind_a_blocker(engine, queue_name, settings, Blocker, GATE, RAN, 4)
     GATE.set()
     wait_until(lambda: Instance.objects.filter(id__in=buffered, status="done").count() == 4, timeout=30,
                what="buffered rows done")
