@@ -70,13 +70,18 @@ def test_each_roles_connection_terminated_in_turn(committed, engine, queue_name,
     log = tmp_path / "steps.log"
     sup = engine({queue_name: 2})
     name = role_name(sup, role, queue_name)
-    # One long step keeps a row held, so the heartbeat has work to do.
+    # Terminated while it is idle: a claim or a flush whose COMMIT is cut off is in doubt
+    # (the lease settles it, re-running the step). A first instance, done, has every role
+    # connected (the flusher opens its connection at its first flush) and idle.
+    warm = gd.insert(Recorder, state={"log": str(log)}, queue=queue_name)
+    wait_until(lambda: statuses(queue_name) == {"done": 1}, what="the first instance done")
+    # One long step keeps a row held, so the heartbeat has work to do; it is claimed and
+    # running before we strike, and its outcome is flushed well after.
     first = gd.insert(Recorder, state={"log": str(log), "sleep": 1.5}, queue=queue_name)
-    # Terminated while it is idle: a claim whose COMMIT is cut off is in doubt (the lease
-    # settles it), so the first row is claimed and running before we strike.
-    wait_until(lambda: tally(log, "start") == {first: 1} and sessions(name) == 1, what=f"the {role} connected")
+    wait_until(lambda: tally(log, "start").get(first) == 1 and sessions(name) == 1, what=f"the {role} connected")
     assert terminate("AND application_name = %s", [name]) == 1
-    ids = [first] + gd.insert_all([gd.Spec(Recorder, state={"log": str(log)}, queue=queue_name) for _ in range(3)])
+    ids = [warm, first] + gd.insert_all([gd.Spec(Recorder, state={"log": str(log)}, queue=queue_name)
+                                         for _ in range(3)])
     run_once_each(ids, log, queue_name, timeout=30)
     wait_until(lambda: sessions(name) == 1, what=f"the {role} to reconnect")
     assert sup.flusher._thread.is_alive() and all(s._thread.is_alive() for s in sup.schedulers.values())
