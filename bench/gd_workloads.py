@@ -85,7 +85,7 @@ def _startup_note(res: dict) -> str:
 
 
 def drain(n: int, concurrency: int, processes: int, *, machine="noop", steps_per=1, prefetch=None,
-          min_demand=None, max_batch=100, supervisor=False, producer: dict | None = None):
+          min_demand=None, max_batch=100, max_delay=0.005, supervisor=False, producer: dict | None = None):
     """A drain of ``n`` pre-filled jobs by ``processes`` `rundurable --burst` workers.
 
     supervisor: one `rundurable --processes N` (its own supervisor forks the children)
@@ -94,7 +94,7 @@ def drain(n: int, concurrency: int, processes: int, *, machine="noop", steps_per
     the drain, topping the runnable backlog up to ``backlog`` in insert_all batches of
     ``batch`` (continuous inserts); table/index sizes are sampled at every quarter.
     """
-    knobs = {"QUEUES": {"default": concurrency}, "FLUSH": {"MAX_BATCH": max_batch, "MAX_DELAY": 0.005}}
+    knobs = {"QUEUES": {"default": concurrency}, "FLUSH": {"MAX_BATCH": max_batch, "MAX_DELAY": max_delay}}
     if prefetch is not None:
         knobs["PREFETCH"] = prefetch
     if min_demand is not None:
@@ -389,6 +389,12 @@ WORKLOADS = {
     "gd_drain_c16_procs2": drain(20_000, 16, 2, prefetch=200, min_demand=50, supervisor=True),
     "gd_drain_c16_procs4": drain(20_000, 16, 4, prefetch=200, min_demand=50, supervisor=True),
 }
+import os as _os
+if _os.environ.get("GD_BENCH_EXPERIMENTS"):
+    for _c, _pf, _md, _b in ((4, 1000, 250, 500), (16, 500, 100, 500), (8, 500, 100, 500), (4, 500, 100, 500)):
+        WORKLOADS[f"gd_drain_x_c{_c}_pf{_pf}_md{_md}_b{_b}"] = drain(20_000, _c, 2, prefetch=_pf, min_demand=_md, max_batch=_b)
+        WORKLOADS[f"gd_pipeline_x_c{_c}_pf{_pf}_md{_md}_b{_b}"] = drain(4_000, _c, 2, machine="InlinePipeline", steps_per=5,
+                                                               prefetch=_pf, min_demand=_md, max_batch=_b)
 
 # Drains whose clock can start inside or outside worker start-up (run_all.py --startup).
 STARTUP_SENSITIVE = {name for name in WORKLOADS if name.startswith(("gd_drain", "gd_pipeline", "gd_sustained"))}

@@ -104,16 +104,20 @@ def main() -> int:
     ap.add_argument("--machine", default="noop",
                     help="shop.durable machine to fill with (e.g. InlinePipeline: 5 steps per instance)")
     ap.add_argument("--steps-per", type=int, default=1, help="steps per instance, to report steps/s")
+    ap.add_argument("--max-batch", type=int, default=100, help="FLUSH.MAX_BATCH")
+    ap.add_argument("--gil", action="store_true",
+                    help="sample only the thread holding the GIL (py-spy --gil): where the Python CPU goes")
     ap.add_argument("--out", default=str(harness.RESULTS_DIR / "profile"))
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     server = harness.server_url()
-    knobs = {"QUEUES": {"default": a.concurrency}, "FLUSH": {"MAX_BATCH": 100, "MAX_DELAY": 0.005},
+    knobs = {"QUEUES": {"default": a.concurrency}, "FLUSH": {"MAX_BATCH": a.max_batch, "MAX_DELAY": 0.005},
              "PREFETCH": a.prefetch, "MIN_DEMAND": a.min_demand}
     lines = [f"# Drain profile ({harness.server_label()})", "",
              f"`bench/profile_drain.py --n {a.n} --processes {a.processes} --concurrency {a.concurrency} "
-             f"--prefetch {a.prefetch} --min-demand {a.min_demand} --seconds {a.seconds:g}"
+             f"--prefetch {a.prefetch} --min-demand {a.min_demand} --max-batch {a.max_batch} --seconds {a.seconds:g}"
+             + (" --gil" if a.gil else "")
              + (f" --machine {a.machine} --steps-per {a.steps_per}" if a.machine != "noop" else "") + "`", ""]
     with harness.exclusive_bench(server), harness.scratch_database("profile", server) as url:
         dbname = harness.db_identifier("profile")
@@ -146,7 +150,7 @@ def main() -> int:
                         sconn.execute("SELECT pg_stat_statements_reset()")
                 d0, t0 = conn.execute(gd_workloads.DONE_SQL).fetchone()[0], time.perf_counter()
                 spies = [subprocess.Popen([_py_spy(), "record", "--pid", str(p.pid), "--duration", str(max(1, round(a.seconds))),
-                                           "--rate", "100", "--format", "raw",
+                                           "--rate", "100", "--format", "raw", *(["--gil"] if a.gil else []),
                                            "--output", str(out / f"worker{i}.folded"), "--nonblocking"],
                                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
                           for i, p in enumerate(procs)]

@@ -12,6 +12,7 @@ import threading
 
 from django.db import connections
 from django.db.backends.signals import connection_created
+from psycopg.pq import TransactionStatus
 
 from .conf import database_alias
 
@@ -73,8 +74,9 @@ def pg_array(values) -> str:
     rendering the literal ourselves and letting the statement's cast (`::bigint[]`,
     `::text[]`…) parse it server-side costs a fraction of that, and a flush carries
     sixteen arrays. Elements: None, bool, int, float, str, datetime (ISO 8601).
-    Homogeneous int and str columns (ids, names, JSON texts) take a fast path: the
-    str one escapes the whole column in three C-level replaces instead of per element.
+    Homogeneous int, float, bool and str columns (ids, weights, flags, names, JSON
+    texts) take a fast path: the str one escapes the whole column in three C-level
+    replaces instead of per element.
     """
     values = values if type(values) is list else list(values)
     kinds = set(map(type, values))
@@ -83,6 +85,10 @@ def pg_array(values) -> str:
         if None in values:
             return "{" + ",".join("NULL" if v is None else str(v) for v in values) + "}"
         return "{" + ",".join(map(str, values)) + "}"
+    if kinds == {float} and None not in values:  # weights, delays
+        return "{" + ",".join(map(float.__repr__, values)) + "}"
+    if kinds == {bool} and None not in values:  # flags
+        return "{" + ",".join(["t" if v else "f" for v in values]) + "}"
     if kinds == {str}:
         if None not in values:
             joined = _SEP.join(values)
@@ -184,6 +190,9 @@ def is_transient_error(exc: BaseException) -> bool:
 # --- the connection state user code leaves behind ------------------------------------
 
 
+_OPEN_TRANSACTION = frozenset((int(TransactionStatus.INTRANS), int(TransactionStatus.INERROR)))
+
+
 def _dangling(conn) -> bool:
     """Whether `conn` is inside a transaction its owner never finished."""
     if conn.in_atomic_block or conn.closed_in_transaction:
@@ -194,9 +203,9 @@ def _dangling(conn) -> bool:
     if not conn.autocommit:  # transaction.set_autocommit(False) left behind
         return True
     try:
-        from psycopg.pq import TransactionStatus
-
-        return raw.info.transaction_status in (TransactionStatus.INTRANS, TransactionStatus.INERROR)
+        # libpq's status as a plain int (ConnectionInfo.transaction_status builds an enum
+        # on every read; this runs after every step).
+        return raw.pgconn.transaction_status in _OPEN_TRANSACTION
     except Exception:  # a broken connection: close_old_connections() deals with it
         return False
 
@@ -242,6 +251,12 @@ def thread_connections() -> list:
     return connections.all(initialized_only=True) if opened is None else list(opened)
 
 
+def replaced_connections() -> int:
+    """How many connection wrappers `discard_dangling` has replaced on this thread (a
+    step thread re-applies its options to a new wrapper only after one was)."""
+    return getattr(engine_thread, "replaced", 0)
+
+
 def discard_dangling(where: str) -> list[str]:
     """Restore this thread's connections after user code (a step, `handle()`).
 
@@ -265,6 +280,7 @@ def discard_dangling(where: str) -> list[str]:
         except Exception:
             logger.debug("closing the dangling connection %r failed", conn.alias, exc_info=True)
         del connections[conn.alias]  # the wrapper's atomic state is gone with it
+        engine_thread.replaced = replaced_connections() + 1
         opened = getattr(engine_thread, "opened", None)
         if opened is not None:
             opened[:] = [c for c in opened if c is not conn]

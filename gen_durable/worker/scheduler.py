@@ -66,13 +66,21 @@ class Abandoned(Exception):
 
 
 class Run:
-    """One step thread's current step: when it started and its time budget (seconds)."""
+    """One step thread's current step: when it started and its time budget (seconds).
 
-    __slots__ = ("job", "started", "timeout", "active", "abandoned", "handling")
+    `lock` makes the end of a step (active → False, read `abandoned`) and the
+    watchdog's decision (active and past its deadline → `abandoned`) exclusive, so a
+    step is either finished or abandoned, never both. It is the thread's own lock, not
+    the scheduler's: the step threads do not contend on it twice per step. Readers that
+    only look (`held_ids`, `next_step_deadline`) see `active` set last and cleared first.
+    """
+
+    __slots__ = ("job", "started", "timeout", "active", "abandoned", "handling", "lock")
 
     def __init__(self, job, handling=False):
         self.job, self.handling = job, handling
         self.started, self.timeout, self.active, self.abandoned = 0.0, None, False, False
+        self.lock = threading.Lock()
 
 
 class TimedOut:
@@ -409,8 +417,13 @@ class Scheduler:
         db.mark_step_thread()  # every job below ends with discard_dangling
         me = threading.current_thread()
         idle_since = time.monotonic()
+        replaced = db.replaced_connections()
+        owed = False  # the last step's slot, given back with the next take (one lock round)
         while True:
             with self._lock:
+                freed, owed = owed, False
+                if freed:
+                    self.running -= 1
                 self._idle_threads += 1
                 while not self._stop_steps and not (self.buffer and self.running < self.concurrency
                                                     and self.healthy()):
@@ -433,6 +446,8 @@ class Scheduler:
                 run = self._runs[me] = Run(job, handling=task is not None)
                 if not self.buffer:
                     self._wake.set()  # the buffer ran dry: claim the next batch meanwhile
+                elif freed:
+                    self._dispatch_locked()  # slots this thread's take left free
             if time.monotonic() - idle_since > STEP_HEALTH_CHECK_AFTER:
                 self._check_connections()
             if task is None and not self._still_ours(job):
@@ -468,23 +483,23 @@ class Scheduler:
                 if not submitted and not run.abandoned:
                     self.flusher.step_abandoned()
                     self.settle([job.id], completed=False)
-                if not run.abandoned:
-                    with self._lock:
-                        self.running -= 1
-                        self._dispatch_locked()
+                owed = not run.abandoned
                 # Like a request boundary: drop a connection the step broke (errors and a
                 # failed health check close it; its age does not, for the engine's alias).
-                # A connection a step left in a transaction was replaced by a new wrapper:
-                # give that one the step thread's options too.
-                if db.connection(self.using) is not conn:
-                    conn = connections.bind("step", self.using, statements=False, persistent=True,
-                                            tag=getattr(self, "tag", None))
                 if not run.abandoned:
                     # The next step starts clean (`db.mark_step_thread`) whatever path this
                     # one took; then close_old_connections() over what this thread opened.
                     db.discard_dangling(f"step {job.fsm}.{job.step} (instance {job.id})")
                     for c in db.thread_connections():
                         c.close_if_unusable_or_obsolete()
+                # A connection a step left in a transaction was replaced by a new wrapper
+                # (`db.discard_dangling`, here or in the executor): give that one the step
+                # thread's options too.
+                if db.replaced_connections() != replaced:
+                    replaced = db.replaced_connections()
+                    if db.connection(self.using) is not conn:
+                        conn = connections.bind("step", self.using, statements=False, persistent=True,
+                                                tag=getattr(self, "tag", None))
                 # And like Django after a request: with DEBUG on, every query is kept in
                 # the connection's log until reset (memory grows with each step). Only
                 # DEBUG logs them here (a test's query capture is on its own thread), and
@@ -561,13 +576,14 @@ class Scheduler:
     def _timed(self, run, job, fn):
         """Run `fn()` (one step of `job`) under its time budget; raise Abandoned when the
         watchdog gave up on it meanwhile (its outcome must go nowhere)."""
-        with self._lock:
-            run.job, run.started, run.active = job, time.monotonic(), True
-            run.timeout = job_timeout(job)
+        timeout = job_timeout(job)
+        with run.lock:
+            run.job, run.started, run.timeout = job, time.monotonic(), timeout
+            run.active = True
         try:
             return fn()
         finally:
-            with self._lock:
+            with run.lock:
                 run.active = False
                 abandoned = run.abandoned
             if abandoned:
@@ -592,10 +608,13 @@ class Scheduler:
         now = time.monotonic() if now is None else now
         stops = []
         with self._lock:
-            overdue = [r for r in self._runs.values() if r.active and not r.abandoned
-                       and past_deadline(r.started, r.timeout, now)]
+            overdue = []
+            for r in self._runs.values():
+                with r.lock:  # against the step ending meanwhile (`_timed`)
+                    if r.active and not r.abandoned and past_deadline(r.started, r.timeout, now):
+                        r.abandoned = True
+                        overdue.append(r)
             for r in overdue:
-                r.abandoned = True
                 self.running -= 1
                 self.stuck += 1
                 self.timed_out += 1

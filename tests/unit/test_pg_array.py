@@ -15,6 +15,8 @@ TEXTS = ["plain", "", "a,b", 'quote "q"', "back\\slash", "{brace}", "NULL", " sp
     ([1, -2, 2**62, None], "bigint[]"),
     ([1.5, 0.0, 1e-9, None], "float8[]"),
     ([True, False, None], "bool[]"),
+    ([1.0, 0.25, -3e300, 1e-9], "float8[]"),     # no NULL: the float fast path
+    ([True, False, True], "bool[]"),              # no NULL: the bool fast path
     (TEXTS, "text[]"),
     ([dt.datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=dt.timezone.utc), None], "timestamptz[]"),
     ([], "bigint[]"),

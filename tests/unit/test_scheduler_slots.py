@@ -1,6 +1,10 @@
 """Slot accounting of the feeder (worker/scheduler.py): no database, no threads started."""
 
+import threading
+import time
 from types import SimpleNamespace
+
+import pytest
 
 from gen_durable.conf import get_settings
 from gen_durable.worker.scheduler import Scheduler
@@ -39,3 +43,71 @@ def test_settle_frees_a_whole_flushed_batch_and_wakes_the_feeder():
     sch._wake.clear()
     sch.settle([3], completed=False)  # a failed flush: freed, not counted as completed
     assert sch.in_flight == {} and sch.completed == 2 and sch._wake.is_set()
+
+
+class _NoLock:
+    """The negative control's Run.lock: no exclusion at all."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+@pytest.mark.parametrize("locked", [True, False], ids=["run-lock", "control-no-lock"])
+def test_a_step_ending_while_the_watchdog_decides_is_finished_or_abandoned_never_both(monkeypatch, locked):
+    """The watchdog saw the step active; before it marks it abandoned, the step returns.
+
+    With the run's lock the step's end waits for the decision and then raises
+    Abandoned (its late outcome is dropped; the TimedOut row runs handle()). Without it
+    (control) the step returns its outcome AND is abandoned: two outcomes for one row.
+    """
+    from gen_durable.worker import scheduler as mod
+
+    sch = scheduler(concurrency=1)
+    sch.flusher = SimpleNamespace(step_abandoned=lambda: None)
+    sch._stop_steps = True  # abandon_overdue's dispatch starts no thread here
+    job = SimpleNamespace(id=7, fsm="m", step="s")
+    run = mod.Run(job)
+    if not locked:
+        run.lock = _NoLock()
+    sch._runs["t"] = run
+    sch.running = 1
+    returning, deciding = threading.Event(), threading.Event()
+    real = mod.past_deadline
+
+    def slow_decision(started, timeout, now):
+        deciding.set()
+        returning.wait(5)
+        time.sleep(0.1)  # the step thread reaches the end of _timed meanwhile
+        return True
+
+    def step():
+        deciding.wait(5)
+        returning.set()
+        return "entry"
+
+    outcome = {}
+
+    def step_thread():
+        try:
+            outcome["value"] = sch._timed(run, job, step)
+        except mod.Abandoned:
+            outcome["value"] = "abandoned"
+
+    monkeypatch.setattr(mod, "job_timeout", lambda job: 30.0)
+    t = threading.Thread(target=step_thread)
+    t.start()
+    while not run.active:
+        time.sleep(0.001)
+    monkeypatch.setattr(mod, "past_deadline", slow_decision)
+    abandoned = sch.abandon_overdue()
+    monkeypatch.setattr(mod, "past_deadline", real)
+    t.join(5)
+    finished = outcome["value"] == "entry"
+    if locked:
+        assert abandoned == 1 and outcome["value"] == "abandoned"
+    else:
+        assert abandoned == 1 and finished  # both: the race the lock closes
+    assert run.abandoned
