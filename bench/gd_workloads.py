@@ -384,17 +384,23 @@ WORKLOADS = {
     "gd_pipeline_5step_inline_c16_p2_fb300": drain(4_000, 16, 2, machine="InlinePipeline", steps_per=5,
                                                    prefetch=200, min_demand=50, max_batch=300),
     "gd_drain_200k_c16_p2_fb300": sustained(concurrency=16, prefetch=200, min_demand=50, max_batch=300),
+    # Round 4's tuned configuration (a 20k sweep, start-up outside, 3 runs each, after the
+    # round's worker changes: 2 × 8 / PREFETCH 500 / MIN_DEMAND 100 / FLUSH.MAX_BATCH 500
+    # ≈ 34.2k jobs/s; 2 × 4 / 500 / 100 / 500 ≈ 33.7k; 2 × 4 / 1000 / 250 / 500 ≈ 33.5k;
+    # 2 × 16 / 500 / 100 / 500 ≈ 32.9k; round 3's 2 × 16 / 200 / 50 / 300 ≈ 28.8k): a buffer
+    # deep enough that the feeder claims in large batches while the threads run, and
+    # group commits of up to 500 outcomes.
+    "gd_drain_c8_p2_pf500": drain(20_000, 8, 2, prefetch=500, min_demand=100, max_batch=500),
+    "gd_drain_200k_c8_p2_pf500": sustained(concurrency=8, prefetch=500, min_demand=100, max_batch=500),
+    # The inline machine's best of that sweep (2 × 16 ≈ 38.3k steps/s; 2 × 8 ≈ 34.0k;
+    # 2 × 4 ≈ 34.2k), with the job drain in the same configuration beside it.
+    "gd_pipeline_5step_inline_c16_p2_pf500": drain(4_000, 16, 2, machine="InlinePipeline", steps_per=5,
+                                                   prefetch=500, min_demand=100, max_batch=500),
+    "gd_drain_c16_p2_pf500": drain(20_000, 16, 2, prefetch=500, min_demand=100, max_batch=500),
     # Multi-process scaling: one `rundurable --processes N` (its supervisor forks N).
     "gd_drain_c16_procs1": drain(20_000, 16, 1, prefetch=200, min_demand=50, supervisor=True),
     "gd_drain_c16_procs2": drain(20_000, 16, 2, prefetch=200, min_demand=50, supervisor=True),
     "gd_drain_c16_procs4": drain(20_000, 16, 4, prefetch=200, min_demand=50, supervisor=True),
 }
-import os as _os
-if _os.environ.get("GD_BENCH_EXPERIMENTS"):
-    for _c, _pf, _md, _b in ((4, 1000, 250, 500), (16, 500, 100, 500), (8, 500, 100, 500), (4, 500, 100, 500)):
-        WORKLOADS[f"gd_drain_x_c{_c}_pf{_pf}_md{_md}_b{_b}"] = drain(20_000, _c, 2, prefetch=_pf, min_demand=_md, max_batch=_b)
-        WORKLOADS[f"gd_pipeline_x_c{_c}_pf{_pf}_md{_md}_b{_b}"] = drain(4_000, _c, 2, machine="InlinePipeline", steps_per=5,
-                                                               prefetch=_pf, min_demand=_md, max_batch=_b)
-
 # Drains whose clock can start inside or outside worker start-up (run_all.py --startup).
 STARTUP_SENSITIVE = {name for name in WORKLOADS if name.startswith(("gd_drain", "gd_pipeline", "gd_sustained"))}

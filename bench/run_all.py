@@ -42,6 +42,8 @@ RAW_WORKLOADS: dict[str, harness.Workload] = {
 ALTERNATIVE_WORKLOADS: dict[str, harness.Workload] = {
     "pgqueuer": alt_pgqueuer.workload,
     "pgqueuer_200k": lambda url: alt_pgqueuer.workload(url, n=200_000),
+    # pgqueuer's best of a round-4 sweep (batch 250/500/1000 × 1/2/4 consumers, within ~7 %).
+    "pgqueuer_b1000": lambda url: alt_pgqueuer.workload(url, batch=1000, consumers=1),
     "procrastinate": alt_procrastinate.workload,
     "django_tasks_db": alt_django_tasks_db.workload,
     # The same 20,000-task drain as tasks_gen_durable (bench/tasks_backends.py runs both).
@@ -74,7 +76,7 @@ WORKLOADS: dict[str, harness.Workload] = {
 # start-up outside the clock (results key NAME@outside). The raw ceiling's clients always
 # connect before its start signal; inserts have no workers.
 STARTUP_SENSITIVE = gd_workloads.STARTUP_SENSITIVE | {
-    "tasks_gen_durable", "pgqueuer", "pgqueuer_200k", "procrastinate", "django_tasks_db", "tasks_django_tasks_db"}
+    "tasks_gen_durable", "pgqueuer", "pgqueuer_200k", "pgqueuer_b1000", "procrastinate", "django_tasks_db", "tasks_django_tasks_db"}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -257,14 +257,15 @@ def replaced_connections() -> int:
     return getattr(engine_thread, "replaced", 0)
 
 
-def discard_dangling(where: str) -> list[str]:
+def discard_dangling(where) -> list[str]:
     """Restore this thread's connections after user code (a step, `handle()`).
 
     A connection left inside an atomic block, a raw `BEGIN`, a failed transaction or
     with autocommit off is closed — which rolls its transaction back on the server —
     and forgotten, so the next statement of this thread opens a fresh one instead of
     writing into a transaction nobody will commit (or failing with "connection is
-    closed"). Logs a warning naming `where` (machine and step). Returns the aliases
+    closed"). Logs a warning naming `where` (machine and step: a str, or an object
+    whose str() is rendered only for that warning). Returns the aliases
     discarded. Call only when the thread was clean before the user code ran.
     """
     discarded = []

@@ -90,6 +90,11 @@ def detach(handler) -> None:
         _handlers[:] = [(p, h) for (p, h) in _handlers if h is not handler]
 
 
+def active() -> bool:
+    """Whether any handler is attached: hot paths build an event's dicts only then."""
+    return bool(_handlers)
+
+
 def emit(event: str, measurements: dict, metadata: dict | None = None) -> None:
     handlers = _handlers
     if not handlers:

@@ -193,20 +193,22 @@ def release_jobs(jobs, worker: str, limiter=None, using=None) -> list[int]:
 
 def enrich(jobs: list[Claimed], using=None) -> None:
     """Attach inboxes and children to a claimed batch: two statements for any batch size."""
-    for job in jobs:
-        job.inbox, job.children = [], []
     inputs = load_inputs([j.id for j in jobs], using)
     for job in jobs:
-        job.inbox, job.children = inputs[job.id]
+        job.inbox, job.children = inputs.get(job.id) or ([], [])
 
 
 def load_inputs(ids, using=None) -> dict:
-    """id -> (inbox signals, children rows) for `ids`: two statements for any number of ids."""
-    out = {i: ([], []) for i in ids}
-    for target_id, sid, name, payload, at in db.fetchall(sql.LOAD_SIGNALS, {"ids": db.pg_array(ids)}, using):
-        out[target_id][0].append(Signal(sid, name, loads(payload), at))
-    for parent_id, cid, fsm, status, state, result, last_error in db.fetchall(sql.LOAD_CHILDREN, {"ids": db.pg_array(ids)}, using):
-        out[parent_id][1].append(ChildRow(cid, fsm, status, loads(state), loads(result), last_error))
+    """id -> (inbox signals, children rows) of the `ids` that have any (an id that is
+    absent has neither): two statements for any number of ids. Most rows of a batch
+    have neither, so no pair of empty lists is built for them."""
+    out: dict = {}
+    param = {"ids": db.pg_array(ids)}
+    for target_id, sid, name, payload, at in db.fetchall(sql.LOAD_SIGNALS, param, using):
+        out.setdefault(target_id, ([], []))[0].append(Signal(sid, name, loads(payload), at))
+    for parent_id, cid, fsm, status, state, result, last_error in db.fetchall(sql.LOAD_CHILDREN, param, using):
+        out.setdefault(parent_id, ([], []))[1].append(ChildRow(cid, fsm, status, loads(state), loads(result),
+                                                             last_error))
     return out
 
 

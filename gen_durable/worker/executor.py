@@ -90,8 +90,10 @@ def execute(job: Claimed, *, inline: bool = False) -> Entry:
     inline: whether a Next that asks for inline continuation may get it (kind "inline");
     otherwise it is a plain requeued Next. See `inline_kind` for the key rule.
     """
-    telemetry.emit("step.start", {}, {"id": job.id, "fsm": job.fsm, "step": job.step,
-                                      "attempt": job.attempt, "queue": job.queue})
+    observed = telemetry.active()  # the events' dicts are built only for a listener
+    if observed:
+        telemetry.emit("step.start", {}, {"id": job.id, "fsm": job.fsm, "step": job.step,
+                                          "attempt": job.attempt, "queue": job.queue})
     started = time.perf_counter()
     try:
         cls = registry.get(job.fsm, job.fsm_version)
@@ -102,9 +104,10 @@ def execute(job: Claimed, *, inline: bool = False) -> Entry:
             entry = aio.run(_arun(cls, job, inline))
         else:
             entry = _run(cls, job, inline)
-    telemetry.emit("step.stop", {"duration": time.perf_counter() - started},
-                   {"id": job.id, "fsm": job.fsm, "step": job.step, "kind": entry.kind,
-                    "attempt": job.attempt, "queue": job.queue, "error": entry.error})
+    if observed or telemetry.active():
+        telemetry.emit("step.stop", {"duration": time.perf_counter() - started},
+                       {"id": job.id, "fsm": job.fsm, "step": job.step, "kind": entry.kind,
+                        "attempt": job.attempt, "queue": job.queue, "error": entry.error})
     logger.debug("step %s#%s %s -> %s", job.fsm, job.id, job.step, entry.kind)
     return entry
 
@@ -152,13 +155,13 @@ def _run(cls, job: Claimed, inline: bool = False) -> Entry:
     # next step on this thread never writes into it. drain() inside a test's atomic
     # block starts unclean and is left alone.
     clean = db.thread_is_clean()
-    where = f"{cls.name}.{job.step} (instance {job.id})"
+    where = StepWhere(cls.name, job)
     try:
         if cls.State is not None:
             ctx.state = load_typed(cls.State, job.state)
         outcome = getattr(machine, method)(ctx)
-        if clean and db.discard_dangling(f"step {where}"):
-            raise TransactionLeftOpen(f"step {where} returned inside a transaction; it was rolled back")
+        if clean and db.discard_dangling(where):
+            raise TransactionLeftOpen(f"{where} returned inside a transaction; it was rolled back")
         entry = to_entry(outcome, cls, job, consumed=tuple(s.id for s in awaited),
                          presented=tuple(s.id for s in awaited), inline=inline)
         return _with_record(entry, machine)
@@ -168,14 +171,27 @@ def _run(cls, job: Claimed, inline: bool = False) -> Entry:
             # connection): nothing is wrong with the instance, so it is retried with
             # back-off without asking handle(), for machines and jobs alike.
             if clean:
-                db.discard_dangling(f"step {where}")
+                db.discard_dangling(where)
             return retry
         # Any exception, SystemExit included (a step thread is not the main thread, so
         # nothing else would stop): handle() sees no inputs, and its outcome consumes
         # none. An unbounded lease/re-run loop is the alternative.
         if clean:
-            db.discard_dangling(f"step {where}")
+            db.discard_dangling(where)
         return _handled(machine, cls, job, ctx, error, inline, clean=clean)
+
+
+class StepWhere:
+    """`step machine.step (instance id)`, for a log line or an error: rendered only when
+    one is written (not on every step)."""
+
+    __slots__ = ("name", "job")
+
+    def __init__(self, name, job):
+        self.name, self.job = name, job
+
+    def __str__(self):
+        return f"step {self.name}.{self.job.step} (instance {self.job.id})"
 
 
 def _handled(machine, cls, job: Claimed, ctx: Context, error: BaseException, inline: bool = False,
@@ -500,5 +516,5 @@ def requeue_entry(job: Claimed) -> Entry:
                  weight=float(job.weight), fsm=job.fsm, from_step=job.step, queue=job.queue, slot=job.slot)
 
 
-__all__ = ["Entry", "Row", "aexecute", "continuation", "execute", "execute_timeout", "is_async", "job_timeout",
+__all__ = ["Entry", "Row", "StepWhere", "aexecute", "continuation", "execute", "execute_timeout", "is_async", "job_timeout",
            "past_deadline", "requeue_entry", "step_timeout", "to_entry"]

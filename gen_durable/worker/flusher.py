@@ -37,6 +37,7 @@ UNSTORABLE = "outcome could not be stored"
 DEFER_DELAY = 0.5  # seconds before an outcome blocked by another session's lock is tried again
 # The rows of a batch nobody else has locked right now (the lock goes at once: autocommit).
 _FREE_ROWS = "SELECT id FROM gen_durable WHERE id = ANY (%(ids)s::bigint[]) ORDER BY id FOR NO KEY UPDATE SKIP LOCKED"
+NO_INPUTS = ((), ())  # (inbox, children) of a continued row that has neither
 COMMIT_TIMEOUT = 30.0  # seconds a worker waits for its flush (the lease is the real floor)
 
 
@@ -135,7 +136,7 @@ def flush(entries, using=None, limiter=None) -> FlushResult:
                 # its own: step threads of inline chains stay off the database.
                 inputs = load_inputs([e.id for e in continuing], using)
                 for e in continuing:
-                    e.inputs = inputs[e.id]
+                    e.inputs = inputs.get(e.id, NO_INPUTS)
             body_done = True
     except Exception as exc:
         if body_done and db.is_connection_error(exc):

@@ -30,8 +30,8 @@ from .. import db, sql, telemetry
 from . import connections
 from .claims import abandon, pick, reclaim, release, still_owned
 from . import aio
-from .executor import (aexecute, continuation, error_text, execute, execute_timeout, is_async, job_timeout, past_deadline,
-                       requeue_entry, stop_entry)
+from .executor import (StepWhere, aexecute, continuation, error_text, execute, execute_timeout, is_async, job_timeout,
+                       past_deadline, requeue_entry, stop_entry)
 
 logger = logging.getLogger("gen_durable.scheduler")
 
@@ -489,7 +489,7 @@ class Scheduler:
                 if not run.abandoned:
                     # The next step starts clean (`db.mark_step_thread`) whatever path this
                     # one took; then close_old_connections() over what this thread opened.
-                    db.discard_dangling(f"step {job.fsm}.{job.step} (instance {job.id})")
+                    db.discard_dangling(StepWhere(job.fsm, job))
                     for c in db.thread_connections():
                         c.close_if_unusable_or_obsolete()
                 # A connection a step left in a transaction was replaced by a new wrapper
@@ -673,8 +673,9 @@ class Scheduler:
         self.flusher.submit(requeue_entry(job))
 
     def _continued(self, job, steps):
-        telemetry.emit("inline.continue", {"steps": steps},
-                       {"id": job.id, "fsm": job.fsm, "from": job.chain[2], "to": job.step})
+        if telemetry.active():
+            telemetry.emit("inline.continue", {"steps": steps},
+                           {"id": job.id, "fsm": job.fsm, "from": job.chain[2], "to": job.step})
 
     def _chain_of(self, job):
         """(started, steps) of the chain `job` is part of: steps counts this one."""
