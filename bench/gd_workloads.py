@@ -392,6 +392,13 @@ WORKLOADS = {
     # group commits of up to 500 outcomes.
     "gd_drain_c8_p2_pf500": drain(20_000, 8, 2, prefetch=500, min_demand=100, max_batch=500),
     "gd_drain_200k_c8_p2_pf500": sustained(concurrency=8, prefetch=500, min_demand=100, max_batch=500),
+    # The same with one step thread per process: for steps that never wait (no I/O), a
+    # second thread in a CPython process only adds GIL hand-offs (the 20k sweep: 2 × 1
+    # ≈ 38.7k, 2 × 2 ≈ 36.8k, 2 × 8 ≈ 35.2k jobs/s; docs/performance.md "Round 4").
+    "gd_drain_c1_p2_pf500": drain(20_000, 1, 2, prefetch=500, min_demand=100, max_batch=500),
+    "gd_drain_200k_c1_p2_pf500": sustained(concurrency=1, prefetch=500, min_demand=100, max_batch=500),
+    "gd_pipeline_5step_inline_c1_p2_pf500": drain(4_000, 1, 2, machine="InlinePipeline", steps_per=5,
+                                                  prefetch=500, min_demand=100, max_batch=500),
     # The inline machine's best of that sweep (2 × 16 ≈ 38.3k steps/s; 2 × 8 ≈ 34.0k;
     # 2 × 4 ≈ 34.2k), with the job drain in the same configuration beside it.
     "gd_pipeline_5step_inline_c16_p2_pf500": drain(4_000, 16, 2, machine="InlinePipeline", steps_per=5,
