@@ -419,94 +419,106 @@ class Scheduler:
         idle_since = time.monotonic()
         replaced = db.replaced_connections()
         owed = False  # the last step's slot, given back with the next take (one lock round)
-        while True:
-            with self._lock:
-                freed, owed = owed, False
-                if freed:
-                    self.running -= 1
-                self._idle_threads += 1
-                while not self._stop_steps and not (self.buffer and self.running < self.concurrency
-                                                    and self.healthy()):
-                    if not self._lock.wait(0.5 if self.buffer else STEP_IDLE_RELEASE) and not self.buffer:
-                        self._release_idle()
-                self._idle_threads -= 1
-                if not self.buffer:  # stopping (timed-out rows' handle() still runs first)
-                    self._runs.pop(me, None)
-                    self._threads -= 1
-                    break
-                job = self.buffer.popleft()
-                if getattr(job, "is_async", False):  # left in the buffer while slots were full
-                    if not self.buffer:
-                        self._wake.set()
-                    self._start_async(job)
-                    continue
-                task = job if isinstance(job, TimedOut) else None
-                job = task.job if task else job
-                self._take_locked(job)
-                run = self._runs[me] = Run(job, handling=task is not None)
-                if not self.buffer:
-                    self._wake.set()  # the buffer ran dry: claim the next batch meanwhile
-                elif freed:
-                    self._dispatch_locked()  # slots this thread's take left free
-            if time.monotonic() - idle_since > STEP_HEALTH_CHECK_AFTER:
-                self._check_connections()
-            if task is None and not self._still_ours(job):
-                continue
-            submitted = False
-            try:
-                if task is not None:
-                    entry = self._timed(run, job, lambda: execute_timeout(job, task.timeout, task.elapsed))
-                    self.flusher.submit(entry)
-                else:
-                    self.run_chain(job)
-                submitted = True
-            except Abandoned:
-                # Abandoned: its slot, flush count and row were handed on by `abandon_overdue`.
-                logger.warning("abandoned step %s#%s %s returned after %.1fs; its late outcome is dropped",
-                               job.fsm, job.id, job.step, time.monotonic() - run.started)
+        try:
+            while True:
                 with self._lock:
-                    self.stuck -= 1
-                    self._runs.pop(me, None)
-                break
-            except BaseException as exc:
-                # execute() guards the step itself: this is an engine fault. The instance
-                # still gets one recorded outcome instead of a re-run at every lease.
-                logger.exception("step thread failed on %s#%s; failing the instance", job.fsm, job.id)
+                    freed, owed = owed, False
+                    if freed:
+                        self.running -= 1
+                    self._idle_threads += 1
+                    while not self._stop_steps and not (self.buffer and self.running < self.concurrency
+                                                        and self.healthy()):
+                        if not self._lock.wait(0.5 if self.buffer else STEP_IDLE_RELEASE) and not self.buffer:
+                            self._release_idle()
+                    self._idle_threads -= 1
+                    if not self.buffer:  # stopping (timed-out rows' handle() still runs first)
+                        self._runs.pop(me, None)
+                        self._threads -= 1
+                        break
+                    job = self.buffer.popleft()
+                    if getattr(job, "is_async", False):  # left in the buffer while slots were full
+                        if not self.buffer:
+                            self._wake.set()
+                        self._start_async(job)
+                        continue
+                    task = job if isinstance(job, TimedOut) else None
+                    job = task.job if task else job
+                    self._take_locked(job)
+                    run = self._runs[me] = Run(job, handling=task is not None)
+                    if not self.buffer:
+                        self._wake.set()  # the buffer ran dry: claim the next batch meanwhile
+                    elif freed:
+                        self._dispatch_locked()  # slots this thread's take left free
+                if time.monotonic() - idle_since > STEP_HEALTH_CHECK_AFTER:
+                    self._check_connections()
+                if task is None and not self._still_ours(job):
+                    continue
+                submitted = False
                 try:
-                    self.flusher.submit(stop_entry(job, f"engine error while running step {job.step!r}: "
-                                                        f"{error_text(exc)}"))
+                    if task is not None:
+                        entry = self._timed(run, job, lambda: execute_timeout(job, task.timeout, task.elapsed))
+                        self.flusher.submit(entry)
+                    else:
+                        self.run_chain(job)
                     submitted = True
-                except BaseException:
-                    logger.exception("could not record the failure of %s#%s; its lease will recover it",
-                                     job.fsm, job.id)
-            finally:
-                if not submitted and not run.abandoned:
-                    self.flusher.step_abandoned()
-                    self.settle([job.id], completed=False)
-                owed = not run.abandoned
-                # Like a request boundary: drop a connection the step broke (errors and a
-                # failed health check close it; its age does not, for the engine's alias).
-                if not run.abandoned:
-                    # The next step starts clean (`db.mark_step_thread`) whatever path this
-                    # one took; then close_old_connections() over what this thread opened.
-                    db.discard_dangling(StepWhere(job.fsm, job))
-                    for c in db.thread_connections():
-                        c.close_if_unusable_or_obsolete()
-                # A connection a step left in a transaction was replaced by a new wrapper
-                # (`db.discard_dangling`, here or in the executor): give that one the step
-                # thread's options too.
-                if db.replaced_connections() != replaced:
-                    replaced = db.replaced_connections()
-                    if db.connection(self.using) is not conn:
-                        conn = connections.bind("step", self.using, statements=False, persistent=True,
-                                                tag=getattr(self, "tag", None))
-                # And like Django after a request: with DEBUG on, every query is kept in
-                # the connection's log until reset (memory grows with each step). Only
-                # DEBUG logs them here (a test's query capture is on its own thread), and
-                # reset_queries walks every alias: not worth it per no-op step otherwise.
-                if django_settings.DEBUG:
-                    reset_queries()
-                idle_since = time.monotonic()
+                except Abandoned:
+                    # Abandoned: its slot, flush count and row were handed on by `abandon_overdue`.
+                    logger.warning("abandoned step %s#%s %s returned after %.1fs; its late outcome is dropped",
+                                   job.fsm, job.id, job.step, time.monotonic() - run.started)
+                    with self._lock:
+                        self.stuck -= 1
+                        self._runs.pop(me, None)
+                    break
+                except BaseException as exc:
+                    # execute() guards the step itself: this is an engine fault. The instance
+                    # still gets one recorded outcome instead of a re-run at every lease.
+                    logger.exception("step thread failed on %s#%s; failing the instance", job.fsm, job.id)
+                    try:
+                        self.flusher.submit(stop_entry(job, f"engine error while running step {job.step!r}: "
+                                                            f"{error_text(exc)}"))
+                        submitted = True
+                    except BaseException:
+                        logger.exception("could not record the failure of %s#%s; its lease will recover it",
+                                         job.fsm, job.id)
+                finally:
+                    if not submitted and not run.abandoned:
+                        self.flusher.step_abandoned()
+                        self.settle([job.id], completed=False)
+                    owed = not run.abandoned
+                    # Like a request boundary: drop a connection the step broke (errors and a
+                    # failed health check close it; its age does not, for the engine's alias).
+                    if not run.abandoned:
+                        # The next step starts clean (`db.mark_step_thread`) whatever path this
+                        # one took; then close_old_connections() over what this thread opened.
+                        db.discard_dangling(StepWhere(job.fsm, job))
+                        for c in db.thread_connections():
+                            c.close_if_unusable_or_obsolete()
+                    # A connection a step left in a transaction was replaced by a new wrapper
+                    # (`db.discard_dangling`, here or in the executor): give that one the step
+                    # thread's options too.
+                    if db.replaced_connections() != replaced:
+                        replaced = db.replaced_connections()
+                        if db.connection(self.using) is not conn:
+                            conn = connections.bind("step", self.using, statements=False, persistent=True,
+                                                    tag=getattr(self, "tag", None))
+                    # And like Django after a request: with DEBUG on, every query is kept in
+                    # the connection's log until reset (memory grows with each step). Only
+                    # DEBUG logs them here (a test's query capture is on its own thread), and
+                    # reset_queries walks every alias: not worth it per no-op step otherwise.
+                    if django_settings.DEBUG:
+                        reset_queries()
+                    idle_since = time.monotonic()
+        except BaseException:
+            # An engine fault outside any step (the end-of-step connection checks): the
+            # thread leaves, giving back the slot it still held and its place, so the
+            # dispatch starts another thread; the step's outcome reached the flusher.
+            logger.exception("step thread of queue %s failed outside a step; another takes its place", self.queue)
+            with self._lock:
+                if owed:
+                    self.running -= 1
+                self._runs.pop(me, None)
+                self._threads -= 1
+                self._dispatch_locked()
         # Persistent connections (CONN_MAX_AGE) of this thread would outlive it.
         django_connections.close_all()
 

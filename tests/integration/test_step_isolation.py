@@ -4,6 +4,7 @@ outcome with a readable last_error, and user backoff values never overflow
 (docs/design.md#isolation)."""
 
 import logging
+import threading
 import uuid
 import time
 
@@ -247,3 +248,41 @@ def test_a_transaction_left_open_by_handle_after_a_step_timeout_is_not_blamed_on
         assert "handle() of tests.isolation.LeakyHandle.start" in row["last_error"]
     finally:
         gate(name).set()
+
+
+class Quick(gd.Machine):
+    name = "tests.isolation.Quick"
+
+    @gd.step
+    def start(self, ctx):
+        with connection.cursor() as cur:  # the step thread opens its connection
+            cur.execute("SELECT 1")
+        return gd.Done()
+
+
+def test_a_step_thread_failing_after_its_step_gives_back_its_slot_and_is_replaced(engine, queue_name, monkeypatch,
+                                                                               caplog):
+    """The end-of-step connection checks raise once (an engine fault outside any step):
+    that step's outcome still commits, the thread leaves giving back the slot it held,
+    and another thread runs the rest. Without that, the queue's only slot stays taken
+    and nothing more runs (concurrency 1 here)."""
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
+    real = BaseDatabaseWrapper.close_if_unusable_or_obsolete
+    failed = []
+
+    def once(self):
+        if not failed and threading.current_thread().name.startswith("gd-step-"):
+            failed.append(threading.current_thread().name)
+            raise RuntimeError("injected: end-of-step check failed")
+        return real(self)
+
+    monkeypatch.setattr(BaseDatabaseWrapper, "close_if_unusable_or_obsolete", once)
+    caplog.set_level(logging.ERROR, logger="gen_durable.scheduler")
+    ids = gd.insert_all([gd.Spec(Quick, queue=queue_name) for _ in range(10)])
+    sup = engine({queue_name: 1})
+    wait_until(lambda: Instance.objects.filter(id__in=ids, status="done").count() == 10, timeout=30,
+               what="every instance done after the thread failure")
+    sched = sup.schedulers[queue_name]
+    wait_until(lambda: sched.running == 0 and not sched.in_flight, timeout=10, what="slots all given back")
+    assert failed and any("failed outside a step" in r.getMessage() for r in caplog.records)
