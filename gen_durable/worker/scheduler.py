@@ -425,6 +425,11 @@ class Scheduler:
                     freed, owed = owed, False
                     if freed:
                         self.running -= 1
+                        if not self.buffer:
+                            # The feeder may have looked while this slot was still held
+                            # (a flush that settled during the clean-up after the step:
+                            # demand 0, nothing claimed): the slot is free now, refill.
+                            self._wake.set()
                     self._idle_threads += 1
                     while not self._stop_steps and not (self.buffer and self.running < self.concurrency
                                                         and self.healthy()):
