@@ -516,5 +516,5 @@ def requeue_entry(job: Claimed) -> Entry:
                  weight=float(job.weight), fsm=job.fsm, from_step=job.step, queue=job.queue, slot=job.slot)
 
 
-__all__ = ["Entry", "Row", "StepWhere", "aexecute", "continuation", "execute", "execute_timeout", "is_async", "job_timeout",
-           "past_deadline", "requeue_entry", "step_timeout", "to_entry"]
+__all__ = ["Entry", "Row", "StepWhere", "aexecute", "continuation", "execute", "execute_timeout", "is_async",
+           "job_timeout", "past_deadline", "requeue_entry", "step_timeout", "to_entry"]
