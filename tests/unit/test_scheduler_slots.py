@@ -1,5 +1,6 @@
 """Slot accounting of the feeder (worker/scheduler.py): no database, no threads started."""
 
+import contextlib
 import threading
 import time
 from types import SimpleNamespace
@@ -45,16 +46,6 @@ def test_settle_frees_a_whole_flushed_batch_and_wakes_the_feeder():
     assert sch.in_flight == {} and sch.completed == 2 and sch._wake.is_set()
 
 
-class _NoLock:
-    """The negative control's Run.lock: no exclusion at all."""
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
 @pytest.mark.parametrize("locked", [True, False], ids=["run-lock", "control-no-lock"])
 def test_a_step_ending_while_the_watchdog_decides_is_finished_or_abandoned_never_both(monkeypatch, locked):
     """The watchdog saw the step active; before it marks it abandoned, the step returns.
@@ -71,7 +62,7 @@ def test_a_step_ending_while_the_watchdog_decides_is_finished_or_abandoned_never
     job = SimpleNamespace(id=7, fsm="m", step="s")
     run = mod.Run(job)
     if not locked:
-        run.lock = _NoLock()
+        run.lock = contextlib.nullcontext()  # the control: no exclusion at all
     sch._runs["t"] = run
     sch.running = 1
     returning, deciding = threading.Event(), threading.Event()
@@ -80,7 +71,12 @@ def test_a_step_ending_while_the_watchdog_decides_is_finished_or_abandoned_never
     def slow_decision(started, timeout, now):
         deciding.set()
         returning.wait(5)
-        time.sleep(0.1)  # the step thread reaches the end of _timed meanwhile
+        # Give the step thread the chance to end meanwhile: without the lock it marks
+        # itself inactive at once; with it, it waits on the lock held here (then this
+        # bounded wait just runs out — the outcome does not depend on it).
+        deadline = time.monotonic() + 1.0
+        while run.active and time.monotonic() < deadline:
+            time.sleep(0.001)
         return True
 
     def step():
