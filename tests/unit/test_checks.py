@@ -151,8 +151,12 @@ def seconds_error(key, value):
     ({"MAX_POLL_INTERVAL": True}, [seconds_error("MAX_POLL_INTERVAL", True)]),
     ({"DRAIN_TIMEOUT": -0.5}, [E(3, "GEN_DURABLE['DRAIN_TIMEOUT'] must be seconds >= 0, got -0.5.",
                                   "Seconds in-flight steps get on shutdown.")]),
-    ({"PREFETCH": -1}, [E(3, "GEN_DURABLE['PREFETCH'] must be an int >= 0.", "Feeder knob (docs/design.md#settings).")]),
-    ({"MIN_DEMAND": 0}, [E(3, "GEN_DURABLE['MIN_DEMAND'] must be an int >= 1.", "Feeder knob (docs/design.md#settings).")]),
+    ({"PREFETCH": -1}, [E(3, "GEN_DURABLE['PREFETCH'] must be an int >= 0, got -1.",
+                          "Rows a queue claims beyond its free step threads: 0 (the default) for long steps, a "
+                          "few hundred for many short ones (docs/guide.md, Tuning throughput).")]),
+    ({"MIN_DEMAND": 0}, [E(3, "GEN_DURABLE['MIN_DEMAND'] must be an int >= 1, got 0.",
+                           "Free slots a queue waits for before it claims: 1 (the default), or e.g. 100 with "
+                           "PREFETCH 500 (docs/guide.md, Tuning throughput).")]),
     ({"MAX_PAYLOAD_BYTES": 0}, [E(3, "GEN_DURABLE['MAX_PAYLOAD_BYTES'] must be a positive int.",
                                   "Bytes of encoded JSON.")]),
     ({"POLL_INTERVAL": 6, "MAX_POLL_INTERVAL": 5}, [
