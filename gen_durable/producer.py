@@ -33,7 +33,7 @@ import weakref
 from django.db import DatabaseError, InterfaceError, OperationalError
 
 from . import telemetry
-from .calls import build_row, insert_rows
+from .calls import Batch, build_row, insert_rows
 from .conf import get_settings
 from .exceptions import DuplicateInstance, InvalidInput
 from .outcomes import Spec
@@ -204,7 +204,7 @@ class Producer:
     def _write(self, batch, retry=True):
         started = time.perf_counter()
         try:
-            ids = insert_rows([row for _, row in batch], using=self.using)
+            ids = insert_rows(Batch.of([row for _, row in batch]), using=self.using)
         except (OperationalError, InterfaceError) as exc:
             from django.db import connections
 

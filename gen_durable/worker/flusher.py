@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from django.db import DatabaseError, reset_queries
 
 from .. import db, sql, telemetry
-from ..calls import insert_rows
+from ..calls import Batch, insert_rows
 from .claims import load_inputs
 from ..codec import clean_text
 from ..conf import get_settings
@@ -115,7 +115,7 @@ def flush(entries, using=None, limiter=None) -> FlushResult:
             if spawning:
                 kids = [row for e in spawning for row in e.children]
                 owners = [e.id for e in spawning for _ in e.children]
-                ids = insert_rows(kids, parent_ids=owners, using=using)
+                ids = insert_rows(Batch.of(kids), parent_ids=owners, using=using)
                 landed = Counter(owner for owner, id_ in zip(owners, ids) if id_ is not None)
                 rows = db.fetchall(sql.SPAWN_PARK, {"id": db.pg_array([e.id for e in spawning]),
                                                     "n": db.pg_array([landed[e.id] for e in spawning])}, using)

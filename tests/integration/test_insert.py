@@ -1,6 +1,7 @@
 """insert / insert_all against real Postgres (docs/guide.md, docs/design.md#identity)."""
 
 import datetime as dt
+import json
 import uuid
 from decimal import Decimal
 
@@ -289,6 +290,29 @@ def test_insert_all_maps_ids_to_positions_when_keyed_and_unkeyed_rows_mix():
     assert ids[3] < ids[1] and ids[0] < ids[2]
 
 
+def test_insert_all_gives_each_row_the_values_of_its_own_shape():
+    # spec_batch keeps one validated Row per distinct shape and, once a second shape
+    # turns up, an index per row (the rows before it get the first shape). Interleaved
+    # shapes, an unhashable-free mix of machines, queues, priorities, a shape built
+    # whole (a datetime is never reused) and per-row states and keys must land as given.
+    at = dt.datetime(2031, 5, 1, 12, 0, tzinfo=dt.timezone.utc)
+    specs = [gd.Spec(Plain, state={"p": 0}), gd.Spec(Plain, state={"p": 1}, correlation_key="shape-k1"),
+             gd.Spec(noop, args={"p": 2}, queue="q-shape", priority=3),
+             gd.Spec(Plain, state={"p": 3}),
+             gd.Spec(Counter, state={"p": 4}, eligible_at=at),
+             gd.Spec(noop, args={"p": 5}, queue="q-shape", priority=3, correlation_key="shape-k2"),
+             gd.Spec(Plain, state={"p": 6}, priority=-2)]
+    ids = gd.insert_all(specs)
+    rows = {r.id: r for r in Instance.objects.filter(id__in=ids)}
+    got = [(rows[i].fsm, rows[i].queue, rows[i].priority, rows[i].state["p"], rows[i].correlation_key)
+           for i in ids]
+    assert got == [("tests.Plain", "default", 0, 0, None), ("tests.Plain", "default", 0, 1, "shape-k1"),
+                   ("tests.noop", "q-shape", 3, 2, None), ("tests.Plain", "default", 0, 3, None),
+                   ("tests.Counter", "default", 0, 4, None), ("tests.noop", "q-shape", 3, 5, "shape-k2"),
+                   ("tests.Plain", "default", -2, 6, None)]
+    assert rows[ids[4]].eligible_at == at
+
+
 @pytest.mark.parametrize("first, second, message", [
     ({"priority": 1}, {"priority": True}, "priority"),
     ({"schedule_in": 5}, {"schedule_in": float("inf")}, "schedule_in"),
@@ -296,7 +320,7 @@ def test_insert_all_maps_ids_to_positions_when_keyed_and_unkeyed_rows_mix():
     ({"correlation_key": "ok"}, {"correlation_key": ""}, "correlation_key"),
 ])
 def test_insert_all_validates_every_spec_when_its_shape_repeats(first, second, message):
-    # spec_rows validates a repeated shape once: a later spec that merely compares equal
+    # spec_batch validates a repeated shape once: a later spec that merely compares equal
     # (True == 1) or differs only in a per-row value must still be checked.
     before = Instance.objects.count()
     with pytest.raises(gd.InvalidInput, match=message):
@@ -337,3 +361,27 @@ def test_insert_all_reports_a_faulty_spec_as_insert_does(machine, kwargs):
     with pytest.raises(Exception) as batch:
         gd.insert_all([gd.Spec(Plain, queue="q")] * 2 + [gd.Spec(machine, **kwargs)])
     assert (type(batch.value), str(batch.value)) == (type(single.value), str(single.value))
+
+
+def test_insert_all_streams_its_input_rows(monkeypatch):
+    # The unnest calls sit in the select list (a ProjectSet streams the rows into the
+    # insert); unnest(a, b, …) in FROM is a Function Scan, which stores every row first
+    # (spilling to disk for a 100,000-row batch).
+    from gen_durable import calls, db
+
+    seen = []
+    fetchall = db.fetchall
+
+    def recording(statement, params=None, using=None):
+        seen.append((statement, params))
+        return fetchall(statement, params, using)
+
+    monkeypatch.setattr(db, "fetchall", recording)
+    gd.insert_all([gd.Spec(Plain, state={"p": i}, correlation_key=f"stream-{i}") for i in range(3)])
+    statement, params = seen[-1]
+    assert statement is calls.sql.INSERT_ALL
+    with connection.cursor() as cur:
+        cur.execute("EXPLAIN (FORMAT JSON) " + statement, params)
+        raw = cur.fetchone()[0]
+    text_plan = raw if isinstance(raw, str) else json.dumps(raw)
+    assert '"ProjectSet"' in text_plan and "Function Scan" not in text_plan
