@@ -160,7 +160,9 @@ def _section(value, name, keys, eid):
         elif not _num(v, positive=True) or (k == "BATCH" and not _int(v, minimum=1)) or (k == "MAX_BATCH" and not _int(v, minimum=1)):
             if k in ("RETENTION", "MAX_DELAY") and _num(v):
                 continue  # 0 is meaningful: keep nothing / flush without lingering
-            errors.append(Error(f"GEN_DURABLE['{name}']['{k}'] must be a positive number, got {v!r}.",
+            what = ("a positive integer" if k in ("BATCH", "MAX_BATCH")
+                    else "a number of seconds >= 0" if k in ("RETENTION", "MAX_DELAY") else "a positive number of seconds")
+            errors.append(Error(f"GEN_DURABLE['{name}']['{k}'] must be {what}, got {v!r}.",
                                 hint="Durations are seconds; batches are ints.", id=ID + eid))
     return errors
 

@@ -195,9 +195,10 @@ class Supervisor:
     def start(self):
         logger.info(
             "gen_durable worker %s starting: queues %s, lease %ss, heartbeat %ss, poll %s-%ss, "
-            "notify %s, flush %s, reaper %s, gc %s",
+            "prefetch %s, min demand %s, notify %s, flush %s, reaper %s, gc %s",
             self.token, self.config.queues, self.s.LEASE_TTL, self.s.HEARTBEAT_INTERVAL,
-            self.s.POLL_INTERVAL, self.s.MAX_POLL_INTERVAL, self.s.NOTIFY, self.s.FLUSH,
+            self.s.POLL_INTERVAL, self.s.MAX_POLL_INTERVAL, self.s.PREFETCH, self.s.MIN_DEMAND,
+            self.s.NOTIFY, self.s.FLUSH,
             self.s.REAPER if self.config.reaper else "off", self.s.GC if self.config.gc else "off")
         if django_settings.DEBUG:
             logger.warning("DEBUG is on: Django records every query of every connection. The worker "

@@ -46,6 +46,18 @@ def test_burst_runs_a_batch_to_completion_and_returns(committed, keep_signal_han
     assert {(r.status, r.result["count"]) for r in rows} == {("done", 3)}
 
 
+def test_the_start_up_line_names_the_claim_settings(committed, keep_signal_handlers, queue_name, caplog):
+    # PREFETCH and MIN_DEMAND change how a worker claims (docs/guide.md, "Tuning
+    # throughput"); an operator reading the log must see what this process runs with.
+    from django.test import override_settings
+
+    gd.insert(Counter, state={"target": 1}, queue=queue_name)
+    with override_settings(GEN_DURABLE={"PREFETCH": 7, "MIN_DEMAND": 3}), caplog.at_level("INFO", "gen_durable"):
+        call_command("rundurable", "--burst", "--queue", f"{queue_name}=2", "--no-gc", verbosity=1)
+    line = next(r.getMessage() for r in caplog.records if "starting: queues" in r.getMessage())
+    assert "prefetch 7, min demand 3" in line
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--queue", "=3"], "--queue needs a name"),
     (["--queue", "a=0"], "needs N >= 1"),

@@ -213,19 +213,19 @@ def test_heartbeat_warning_waits_until_the_values_are_valid():
     ({"GC": 60}, [
         E(4, "GEN_DURABLE['GC'] must be a dict or False, got 60.", "Keys: INTERVAL, RETENTION, BATCH.")]),
     ({"FLUSH": {"MAX_BATCH": 0}}, [
-        E(4, "GEN_DURABLE['FLUSH']['MAX_BATCH'] must be a positive number, got 0.",
+        E(4, "GEN_DURABLE['FLUSH']['MAX_BATCH'] must be a positive integer, got 0.",
           "Durations are seconds; batches are ints.")]),
     ({"FLUSH": {"MAX_BATCH": 2.5}}, [
-        E(4, "GEN_DURABLE['FLUSH']['MAX_BATCH'] must be a positive number, got 2.5.",
+        E(4, "GEN_DURABLE['FLUSH']['MAX_BATCH'] must be a positive integer, got 2.5.",
           "Durations are seconds; batches are ints.")]),
     ({"REAPER": {"INTERVAL": -1}}, [
-        E(4, "GEN_DURABLE['REAPER']['INTERVAL'] must be a positive number, got -1.",
+        E(4, "GEN_DURABLE['REAPER']['INTERVAL'] must be a positive number of seconds, got -1.",
           "Durations are seconds; batches are ints.")]),
     ({"GC": {"BATCH": "10"}}, [
-        E(4, "GEN_DURABLE['GC']['BATCH'] must be a positive number, got '10'.",
+        E(4, "GEN_DURABLE['GC']['BATCH'] must be a positive integer, got '10'.",
           "Durations are seconds; batches are ints.")]),
     ({"GC": {"RETENTION": -1}}, [
-        E(4, "GEN_DURABLE['GC']['RETENTION'] must be a positive number, got -1.",
+        E(4, "GEN_DURABLE['GC']['RETENTION'] must be a number of seconds >= 0, got -1.",
           "Durations are seconds; batches are ints.")]),
 ], ids=["flush-typo", "reaper-typo", "gc-typo-and-unknown", "flush-false", "reaper-true", "gc-int",
         "max-batch-zero", "max-batch-float", "reaper-negative", "gc-batch-string", "retention-negative"])
