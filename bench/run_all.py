@@ -102,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
 
     label = harness.server_label()
     print(f"server: {harness.server_url()} ({label})  runs: {a.runs}  startup: {a.startup}")
+    harness.precompile()
     modes = ["inside", "outside"] if a.startup == "both" else [a.startup]
     jobs = []
     for name in names:
