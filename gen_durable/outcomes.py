@@ -7,6 +7,7 @@ current state over; `concurrency_key=KEEP` in `Next` keeps the current key.
 
 from __future__ import annotations
 
+import difflib
 import math
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -194,16 +195,38 @@ class Await:
             object.__setattr__(self, "timeout", t)
 
 
+# gd.insert's keywords besides machine and using (calls.build_row's parameters; a test
+# keeps the two in step).
+INSERT_KEYWORDS = frozenset({"state", "args", "step", "queue", "priority", "schedule_in", "schedule_at",
+                             "eligible_at", "correlation_key", "correlation_scope", "concurrency_key",
+                             "rate_limit", "weight"})
+
+
 @dataclass(frozen=True)
 class Spec:
-    """One instance to insert: `Spec(Machine, **insert_kwargs)` (docs/guide.md)."""
+    """One instance to insert: `Spec(Machine, **insert_kwargs)` (docs/guide.md).
+
+    Raises TypeError for a keyword `gd.insert` does not take, where the Spec is written
+    (`using` is refused by insert_all, which takes it for the whole batch).
+    """
 
     machine: Any
     kwargs: dict = field(default_factory=dict)
 
     def __init__(self, machine, **kwargs):
+        if not kwargs.keys() <= INSERT_KEYWORDS:
+            _check_keywords(kwargs)
         object.__setattr__(self, "machine", machine)
         object.__setattr__(self, "kwargs", kwargs)
+
+
+def _check_keywords(kwargs):
+    unknown = sorted(k for k in kwargs if k not in INSERT_KEYWORDS and k != "using")
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], INSERT_KEYWORDS, n=1)
+        raise TypeError(f"gd.Spec() got an unexpected keyword argument {unknown[0]!r}; "
+                        + (f"did you mean {close[0]!r}?" if close
+                           else f"insert keywords: {', '.join(sorted(INSERT_KEYWORDS))}"))
 
 
 Child = Spec

@@ -335,6 +335,20 @@ def test_an_unknown_keyword_fails_as_in_insert():
     with pytest.raises(TypeError) as batch:
         gd.insert_all([gd.Spec(Plain), gd.Spec(Plain, queu="qa")])
     assert "queu" in str(batch.value) and "queu" in str(single.value)
+    # Raised where the Spec is written, naming it and the keyword meant.
+    assert str(batch.value) == "gd.Spec() got an unexpected keyword argument 'queu'; did you mean 'queue'?"
+
+
+def test_spec_takes_exactly_the_keywords_of_insert():
+    import inspect
+
+    from gen_durable.calls import build_row
+    from gen_durable.outcomes import INSERT_KEYWORDS
+
+    assert INSERT_KEYWORDS == set(inspect.signature(build_row).parameters) - {"machine"}
+    assert INSERT_KEYWORDS == set(inspect.signature(gd.insert).parameters) - {"machine", "using"}
+    with pytest.raises(TypeError, match="insert keywords: args, concurrency_key"):
+        gd.Child(Plain, xyzzy=1)
 
 
 @pytest.mark.django_db
