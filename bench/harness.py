@@ -59,6 +59,20 @@ DEFAULT_TIMEOUT_S = 120.0  # per single run; every workload enforces it itself
 STARTUP_MODES = ("inside", "outside")
 STARTUP = os.environ.get("BENCH_STARTUP", "inside")
 
+
+def _sitting_id() -> str:
+    """This invocation's sitting: the machine's boot and the start time. The targets
+    compare two benchmarks only within one sitting (a ratio across sittings — another
+    machine or another hour of a shared host — says little)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()[:8]
+    except OSError:
+        boot = platform.node()
+    return f"{boot}-{_dt.datetime.now(_dt.timezone.utc).strftime('%Y%m%dT%H%M%S')}"
+
+
+SITTING = _sitting_id()
+
 LOCAL_HOSTS = {"", "127.0.0.1", "localhost", "::1", "[::1]"}
 
 Workload = Callable[[str], dict]
@@ -509,6 +523,7 @@ def summarize(name: str, samples: list[dict]) -> dict:
         "note": first.get("note", ""),
         "busy_before_max": max(s.get("busy_before", 0.0) for s in samples),
         "measured_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "sitting": SITTING,
     }
 
 
@@ -772,7 +787,10 @@ def render_targets(benchmarks: dict, label: str = "") -> list[str]:
             continue
         ratio = a["rate_median"] / b["rate_median"]
         verdict = "yes" if ratio >= need else f"no — {ratio / need:.0%} of the bar"
-        if _hours_apart(a, b) > 6:  # a ratio is only meaningful within one sitting
+        # A ratio is only meaningful within one sitting (one run_all invocation).
+        if (a.get("sitting") or b.get("sitting")) and a.get("sitting") != b.get("sitting"):
+            verdict += " (sides from different sittings)"
+        elif _hours_apart(a, b) > 6:
             verdict += f" (sides measured {_hours_apart(a, b):.0f} h apart)"
         lines.append(f"| {tlabel} | {a['rate_median']:,.0f} | {b['rate_median']:,.0f} | {ratio:.2f} | {need:g} | {verdict} |")
     lat = benchmarks.get("gd_idle_latency")

@@ -1,0 +1,34 @@
+"""bench/harness.py's target table: a ratio is read only within one sitting."""
+
+import importlib.util
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _harness():
+    spec = importlib.util.spec_from_file_location("bench_harness", ROOT / "bench" / "harness.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _row(lines, ours):
+    return next(line for line in lines if f"| {ours:,.0f} |" in line)
+
+
+def test_a_target_whose_sides_come_from_different_sittings_is_flagged():
+    harness = _harness()
+    label, ours, ref, need = next(t for t in harness.TARGETS if t[2] == "raw_insert_unnest")
+    same = {ours: {"rate_median": 90_000, "measured_at": "2026-12-01T12:30:00+00:00", "sitting": "a-1"},
+            ref: {"rate_median": 120_000, "measured_at": "2026-12-01T12:31:00+00:00", "sitting": "a-1"}}
+    assert "sittings" not in _row(harness.render_targets(same), 90_000)
+    # Minutes apart, but another sitting (another run_all, maybe another machine).
+    other = {ours: dict(same[ours], sitting="b-2"), ref: same[ref]}
+    assert "(sides from different sittings)" in _row(harness.render_targets(other), 90_000)
+    # One side from before sittings were recorded: not comparable either.
+    older = {ours: {k: v for k, v in same[ours].items() if k != "sitting"}, ref: same[ref]}
+    assert "(sides from different sittings)" in _row(harness.render_targets(older), 90_000)
+    # The invocation's own id names the boot and the start time.
+    assert re.search(r".-20\d{6}T\d{6}$", harness.SITTING)
