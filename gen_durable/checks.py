@@ -510,6 +510,14 @@ def check_connection_budget(app_configs=None, databases=None, **kwargs):
     return []
 
 
+def unserved_queues(served, using=None) -> list[str]:
+    """The queues with runnable rows that are not in `served` (one probe per distinct
+    runnable queue on the pick index). Raises DatabaseError."""
+    from . import db, sql
+
+    return [r[0] for r in db.fetchall(sql.OVERVIEW_RUNNABLE_QUEUES, None, using) if r[0] not in served]
+
+
 @register(Tags.database)
 def check_runnable_queues(app_configs=None, databases=None, **kwargs):
     """W006: runnable rows wait in queues GEN_DURABLE['QUEUES'] does not name (an insert with
@@ -519,16 +527,12 @@ def check_runnable_queues(app_configs=None, databases=None, **kwargs):
         return []
     from django.db import DatabaseError
 
-    from . import db, sql
-
     try:
-        queues = [r[0] for r in db.fetchall(sql.OVERVIEW_RUNNABLE_QUEUES, None)]
+        unserved = unserved_queues(s.QUEUES)
     except DatabaseError:  # not migrated yet, or no server: other checks report that
         return []
     errors = []
-    for queue in queues:
-        if queue in s.QUEUES:
-            continue
+    for queue in unserved:
         close = difflib.get_close_matches(queue, list(s.QUEUES), n=1)
         errors.append(Warning(
             f"Runnable rows wait in queue {queue!r}, which GEN_DURABLE['QUEUES'] does not name.",

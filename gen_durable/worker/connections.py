@@ -289,10 +289,18 @@ def server_limit(using=None) -> dict:
             "usable": values["max_connections"] - reserved}
 
 
+def _role_count(role: str, n: int) -> str:
+    """`14 step threads`, `1 step thread`, `1 for async steps`, `2 feeders (one per queue)`."""
+    if role == "async steps":
+        return f"{n} for async steps"
+    name = role[:-1] if n == 1 and role.endswith("s") else {"main": "main thread"}.get(role, role)
+    return f"{n} {name} (one per queue)" if role == "feeders" else f"{n} {name}"
+
+
 def check_budget(need: dict, using=None) -> str:
     """Raise ConnectionBudgetError when `need` cannot fit the server; return the log line."""
     per = need["per process"]
-    parts = " + ".join(f"{v} {k}" for k, v in per.items() if v)
+    parts = " + ".join(_role_count(k, v) for k, v in per.items() if v)
     line = (f"gen_durable needs up to {need['total']} database connections: {need['processes']} process(es) × "
             f"({parts}) + {need['maintenance']} GC")
     if pooled():

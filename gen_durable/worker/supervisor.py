@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 
 from django.conf import settings as django_settings
 
-from .. import db, schedules, sql
+from .. import db, registry, schedules, sql
+from ..checks import unserved_queues
 from ..conf import get_settings
 from ..limiter import get_limiter, unknown_rate_limit_names
 from . import aio
@@ -34,6 +35,7 @@ from .scheduler import Scheduler
 from .timers import Timer
 
 logger = logging.getLogger("gen_durable.worker")
+MACHINES_LOGGED = 30  # names in the start-up line; the rest are counted
 
 _IDLE_SQL = (
     "SELECT EXISTS (SELECT 1 FROM gen_durable WHERE status = 'runnable' AND queue = ANY (%(q)s::text[])) "
@@ -205,6 +207,12 @@ class Supervisor:
                            "clears those logs after each step, flush and sweep, but DEBUG slows it "
                            "down; turn it off in production.")
         self._register()
+        machines = [f"{name} v{version} (queue {cls.queue})"
+                    for (name, version), cls in sorted(registry.all_machines().items())]
+        shown = ", ".join(machines[:MACHINES_LOGGED]) + (
+            f" and {len(machines) - MACHINES_LOGGED} more" if len(machines) > MACHINES_LOGGED else "")
+        logger.info("gen_durable worker %s machines: %s", self.token,
+                    shown or "none found (no durable.py was imported: is its app in INSTALLED_APPS?)")
         logger.info("gen_durable worker %s limits (%s limiter): %s", self.token, self.limiter.name,
                     self.limiter.limits.describe())
         try:
@@ -213,8 +221,14 @@ class Supervisor:
             if unknown:
                 logger.warning("rows name rate limits that GEN_DURABLE['RATE_LIMITS'] lacks: %s; they stay "
                                "runnable and are never admitted until configured", ", ".join(unknown))
+            served = set(self.schedulers) | set(self.s.QUEUES if isinstance(self.s.QUEUES, dict) else ())
+            waiting = unserved_queues(served, self.using)
+            if waiting:
+                logger.warning("runnable rows wait in queues that neither this worker nor "
+                               "GEN_DURABLE['QUEUES'] serves: %s (a misspelt queue= at insert? "
+                               "`manage.py check --database default` reports them as W006)", ", ".join(waiting))
         except Exception as exc:  # visibility only: admission uses this process's settings
-            logger.warning("could not record or check the configured limits: %s", exc)
+            logger.warning("could not record or check the configured limits and queues: %s", exc)
         self._tag(self.flusher).start()
         for sched in self.schedulers.values():
             self._tag(sched).start()

@@ -58,6 +58,25 @@ def test_the_start_up_line_names_the_claim_settings(committed, keep_signal_handl
     assert "prefetch 7, min demand 3" in line
 
 
+def test_start_up_names_the_machines_and_warns_of_rows_no_worker_serves(committed, keep_signal_handlers,
+                                                                      queue_name, caplog):
+    # A durable.py that was not imported, or an insert with a misspelt queue=, must show
+    # at start-up, not only in `check --database` (W006).
+    gd.insert(Counter, state={"target": 1}, queue=queue_name)
+    stray = gd.insert(Counter, state={"target": 1}, queue=f"{queue_name}-misspelt")
+    try:
+        with caplog.at_level("INFO", "gen_durable"):
+            call_command("rundurable", "--burst", "--queue", f"{queue_name}=1", "--no-gc", verbosity=1)
+        messages = [r.getMessage() for r in caplog.records]
+        machines = next(m for m in messages if " machines: " in m)
+        assert "tests.Counter v1 (queue default)" in machines
+        warning = next(r for r in caplog.records if "neither this worker nor" in r.getMessage())
+        assert warning.levelname == "WARNING" and f"{queue_name}-misspelt" in warning.getMessage()
+        assert Instance.objects.get(id=stray).status == "runnable"
+    finally:
+        Instance.objects.filter(id=stray).delete()
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--queue", "=3"], "--queue needs a name"),
     (["--queue", "a=0"], "needs N >= 1"),
