@@ -217,18 +217,8 @@ class Supervisor:
                     self.limiter.limits.describe())
         try:
             self.limiter.sync_config()
-            unknown = unknown_rate_limit_names(self.using)
-            if unknown:
-                logger.warning("rows name rate limits that GEN_DURABLE['RATE_LIMITS'] lacks: %s; they stay "
-                               "runnable and are never admitted until configured", ", ".join(unknown))
-            served = set(self.schedulers) | set(self.s.QUEUES if isinstance(self.s.QUEUES, dict) else ())
-            waiting = unserved_queues(served, self.using)
-            if waiting:
-                logger.warning("runnable rows wait in queues that neither this worker nor "
-                               "GEN_DURABLE['QUEUES'] serves: %s (a misspelt queue= at insert? "
-                               "`manage.py check --database default` reports them as W006)", ", ".join(waiting))
         except Exception as exc:  # visibility only: admission uses this process's settings
-            logger.warning("could not record or check the configured limits and queues: %s", exc)
+            logger.warning("could not record the configured limits: %s", exc)
         self._tag(self.flusher).start()
         for sched in self.schedulers.values():
             self._tag(sched).start()
@@ -254,7 +244,28 @@ class Supervisor:
         if self.s.NOTIFY == "postgres" and self.s.POOLER is None and self.schedulers:
             self.listener = self._tag(Listener(self._wake, self._wake_all, self.using,
                                                on_timer=self._poke_timer)).start()
+        self._warn_of_stranded_rows()
         return self
+
+    def _warn_of_stranded_rows(self):
+        """Log rows nothing will run: unconfigured rate limits, queues no one serves.
+
+        Run once every role has started: the rate-limit scan reads every live row with a
+        rate limit (tens of ms at 200k rows), and the first claim need not wait for it.
+        """
+        try:
+            unknown = unknown_rate_limit_names(self.using)
+            if unknown:
+                logger.warning("rows name rate limits that GEN_DURABLE['RATE_LIMITS'] lacks: %s; they stay "
+                               "runnable and are never admitted until configured", ", ".join(unknown))
+            served = set(self.schedulers) | set(self.s.QUEUES if isinstance(self.s.QUEUES, dict) else ())
+            waiting = unserved_queues(served, self.using)
+            if waiting:
+                logger.warning("runnable rows wait in queues that neither this worker nor "
+                               "GEN_DURABLE['QUEUES'] serves: %s (a misspelt queue= at insert? "
+                               "`manage.py check --database default` reports them as W006)", ", ".join(waiting))
+        except Exception as exc:  # visibility only
+            logger.warning("could not check for rows that nothing will run: %s", exc)
 
     def _tag(self, role):
         """Our token joins the application_name of the role's connection (pg_stat_activity)."""

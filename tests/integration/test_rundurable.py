@@ -58,12 +58,13 @@ def test_the_start_up_line_names_the_claim_settings(committed, keep_signal_handl
     assert "prefetch 7, min demand 3" in line
 
 
-def test_start_up_names_the_machines_and_warns_of_rows_no_worker_serves(committed, keep_signal_handlers,
+def test_start_up_names_the_machines_and_warns_of_rows_nothing_will_run(committed, keep_signal_handlers,
                                                                       queue_name, caplog):
-    # A durable.py that was not imported, or an insert with a misspelt queue=, must show
-    # at start-up, not only in `check --database` (W006).
+    # A durable.py that was not imported, an insert with a misspelt queue= or an
+    # unconfigured rate limit must show at start-up, not only in `check --database`
+    # (W006, W004).
     gd.insert(Counter, state={"target": 1}, queue=queue_name)
-    stray = gd.insert(Counter, state={"target": 1}, queue=f"{queue_name}-misspelt")
+    stray = gd.insert(Counter, state={"target": 1}, queue=f"{queue_name}-misspelt", rate_limit=f"{queue_name}-rl")
     try:
         with caplog.at_level("INFO", "gen_durable"):
             call_command("rundurable", "--burst", "--queue", f"{queue_name}=1", "--no-gc", verbosity=1)
@@ -72,6 +73,8 @@ def test_start_up_names_the_machines_and_warns_of_rows_no_worker_serves(committe
         assert "tests.Counter v1 (queue default)" in machines
         warning = next(r for r in caplog.records if "neither this worker nor" in r.getMessage())
         assert warning.levelname == "WARNING" and f"{queue_name}-misspelt" in warning.getMessage()
+        limits = next(r for r in caplog.records if "GEN_DURABLE['RATE_LIMITS'] lacks" in r.getMessage())
+        assert limits.levelname == "WARNING" and f"{queue_name}-rl" in limits.getMessage()
         assert Instance.objects.get(id=stray).status == "runnable"
     finally:
         Instance.objects.filter(id=stray).delete()
