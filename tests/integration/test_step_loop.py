@@ -1,4 +1,4 @@
-"""The step loop under stress: a slot given back with the next take, a step leaving a
+"""The step loop under stress: a slot given back with the next take wakes the feeder, a step leaving a
 transaction open before more steps on the same thread, steps ending at their timeout,
 mixed sync/async/inline chains with cancels, the inputs of continued steps, and a stop
 mid-stream — each instance gets exactly one outcome and the scheduler's books (running,
@@ -10,7 +10,6 @@ import time
 
 import pytest
 from django.db import connection, connections, transaction
-from django.db.backends.base.base import BaseDatabaseWrapper
 
 import gen_durable as gd
 from gen_durable.models import Instance
@@ -59,36 +58,39 @@ class Queries(gd.Machine):
         return gd.Done()
 
 
-def test_a_flush_that_settles_before_the_step_thread_hands_its_slot_back_does_not_stall_the_queue(
-        engine, queue_name, settings, monkeypatch):
-    """Concurrency 1, a backlog of rows. The step thread submits its outcome and then,
-    before it gives its slot back (the top of its next loop iteration), spends a moment
-    in its post-step clean-up (here: close_if_unusable_or_obsolete, whose is_usable()
-    is a round trip after any database error in the step; or simply a thread the OS or
-    the GIL preempted). The flush commits meanwhile and settle() wakes the feeder, which
-    computes demand = 0 (the owed slot still counts as running) and sleeps a whole poll
-    interval: nothing wakes it when the slot comes back. Before the change the slot was
-    returned right after submit, ahead of the clean-up."""
-    # A poll interval far longer than the wait below: a stall is a timeout, not a slow run.
-    settings.GEN_DURABLE = {**settings.GEN_DURABLE, "POLL_INTERVAL": 60, "MAX_POLL_INTERVAL": 60}
-    holder = {}
-    real = BaseDatabaseWrapper.close_if_unusable_or_obsolete
+def test_a_step_thread_that_hands_its_slot_back_with_an_empty_buffer_wakes_the_feeder(
+        engine, queue_name, monkeypatch):
+    """Concurrency 1, a backlog of rows. The step thread submits its outcome and gives
+    its slot back only at the top of its next loop iteration, after its post-step
+    clean-up. A flush that commits meanwhile wakes the feeder through settle(), and the
+    feeder computes demand = 0 (the owed slot still counts as running) and goes back to
+    sleep for a whole poll interval unless the slot's return wakes it again. So every
+    return of a slot that leaves the buffer empty must set the feeder's wake-up — from
+    the step thread, with the slot already free: one per row here (with concurrency 1
+    and no PREFETCH the buffer is empty whenever a slot comes back). Counted, not timed."""
+    wakes = []
 
-    def slow_cleanup(self):
-        sched = holder.get("sched")
-        if sched is not None and threading.current_thread().name.startswith("gd-step-"):
-            deadline = time.monotonic() + 0.5
-            while sched.in_flight and time.monotonic() < deadline:  # the flush settles meanwhile
-                time.sleep(0.001)
-        return real(self)
+    class RecordingEvent(threading.Event):
+        owner = None
 
-    monkeypatch.setattr(BaseDatabaseWrapper, "close_if_unusable_or_obsolete", slow_cleanup)
+        def set(self):
+            sched = self.owner
+            if sched is not None and threading.current_thread().name.startswith("gd-step-"):
+                wakes.append((sched.running, len(sched.buffer)))
+            super().set()
+
+    with monkeypatch.context() as m:
+        m.setattr(threading, "Event", RecordingEvent)  # the scheduler's _wake, made at start
+        sup = engine({queue_name: 1})
+    sched = sup.schedulers[queue_name]
+    assert isinstance(sched._wake, RecordingEvent)
+    sched._wake.owner = sched
     ids = gd.insert_all([gd.Spec(Queries, queue=queue_name) for _ in range(5)])
-    sup = engine({queue_name: 1})
-    holder["sched"] = sup.schedulers[queue_name]
-    # 5 trivial steps; each clean-up waits at most for one flush (~ms). A stall costs a
-    # whole POLL_INTERVAL (60 s) per row.
-    wait_until(lambda: all_terminal(ids), timeout=20, what="the backlog done without a poll-interval stall")
+    wait_until(lambda: all_terminal(ids), timeout=60, what="the backlog done")
+    wait_settled(sched)
+    # (running, buffer) at each wake from a step thread: the takes that empty the buffer
+    # wake it with the slot held (1, 0); the returns of a slot with (0, 0).
+    assert wakes.count((0, 0)) == len(ids), wakes
 
 
 # --- 2. a step leaving a transaction open, then more steps on the same thread ----------
