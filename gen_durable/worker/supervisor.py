@@ -24,7 +24,7 @@ from django.conf import settings as django_settings
 
 from .. import db, registry, schedules, sql
 from ..checks import unserved_queues
-from ..conf import get_settings
+from ..conf import database_alias, get_settings
 from ..limiter import get_limiter, unknown_rate_limit_names
 from . import aio
 from .claims import heartbeat
@@ -37,8 +37,12 @@ from .timers import Timer
 logger = logging.getLogger("gen_durable.worker")
 MACHINES_LOGGED = 30  # names in the start-up line; the rest are counted
 
+# Burst mode's "anything left?": a runnable row counts unless it names a rate limit that
+# RATE_LIMITS lacks — such a row is never admitted (the start-up warns of it), and
+# waiting for it would keep the burst from ever exiting.
 _IDLE_SQL = (
-    "SELECT EXISTS (SELECT 1 FROM gen_durable WHERE status = 'runnable' AND queue = ANY (%(q)s::text[])) "
+    "SELECT EXISTS (SELECT 1 FROM gen_durable WHERE status = 'runnable' AND queue = ANY (%(q)s::text[]) "
+    "AND (rate_limit IS NULL OR split_part(rate_limit, ':', 1) = ANY (%(rates)s::text[]))) "
     "OR EXISTS (SELECT 1 FROM gen_durable WHERE status = 'executing' AND queue = ANY (%(q)s::text[]))"
 )
 
@@ -48,7 +52,7 @@ class WorkerConfig:
     queues: dict  # name -> concurrency
     reaper: bool = True
     gc: bool = True
-    burst: bool = False  # exit 0 once no row of these queues is runnable or executing
+    burst: bool = False  # exit 0 once no row of these queues is runnable (and admissible) or executing
     throughput_every: float = 10.0
     using: str | None = None
     # A child of `rundurable --processes N`: the pid of its parent. When that process is
@@ -195,12 +199,14 @@ class Supervisor:
             logger.warning("could not refresh the worker registry: %s", exc)
 
     def start(self):
+        where = db.connection(self.using).settings_dict
         logger.info(
-            "gen_durable worker %s starting: queues %s, lease %ss, heartbeat %ss, poll %s-%ss, "
-            "prefetch %s, min demand %s, notify %s, flush %s, reaper %s, gc %s",
-            self.token, self.config.queues, self.s.LEASE_TTL, self.s.HEARTBEAT_INTERVAL,
+            "gen_durable worker %s starting: database %s (%s on %s:%s), queues %s, lease %ss, heartbeat %ss, "
+            "poll %s-%ss, prefetch %s, min demand %s, notify %s, pooler %s, flush %s, reaper %s, gc %s",
+            self.token, database_alias(self.using), where.get("NAME"), where.get("HOST") or "local socket",
+            where.get("PORT") or 5432, self.config.queues, self.s.LEASE_TTL, self.s.HEARTBEAT_INTERVAL,
             self.s.POLL_INTERVAL, self.s.MAX_POLL_INTERVAL, self.s.PREFETCH, self.s.MIN_DEMAND,
-            self.s.NOTIFY, self.s.FLUSH,
+            self.s.NOTIFY, self.s.POOLER or "none", self.s.FLUSH,
             self.s.REAPER if self.config.reaper else "off", self.s.GC if self.config.gc else "off")
         if django_settings.DEBUG:
             logger.warning("DEBUG is on: Django records every query of every connection. The worker "
@@ -307,7 +313,8 @@ class Supervisor:
     def is_idle(self) -> bool:
         if any(not s.idle() for s in self.schedulers.values()):
             return False
-        row = db.fetchone(_IDLE_SQL, {"q": list(self.schedulers)}, self.using)
+        rates = db.pg_array(sorted(self.limiter.limits.rates))
+        row = db.fetchone(_IDLE_SQL, {"q": list(self.schedulers), "rates": rates}, self.using)
         return not row[0]
 
     def run(self, install_signals=True) -> int:
@@ -332,7 +339,9 @@ class Supervisor:
             if self.config.burst:
                 try:
                     if self.is_idle():
-                        logger.info("burst mode: no runnable or executing rows left; stopping")
+                        logger.info("burst mode: no runnable or executing rows left in queues %s; stopping",
+                                    ", ".join(self.schedulers))
+                        self._warn_of_stranded_rows()  # what it leaves behind, if anything
                         break
                 except Exception as exc:
                     logger.warning("idle check failed: %s", exc)

@@ -54,8 +54,9 @@ def test_the_start_up_line_names_the_claim_settings(committed, keep_signal_handl
     gd.insert(Counter, state={"target": 1}, queue=queue_name)
     with override_settings(GEN_DURABLE={"PREFETCH": 7, "MIN_DEMAND": 3}), caplog.at_level("INFO", "gen_durable"):
         call_command("rundurable", "--burst", "--queue", f"{queue_name}=2", "--no-gc", verbosity=1)
-    line = next(r.getMessage() for r in caplog.records if "starting: queues" in r.getMessage())
+    line = next(r.getMessage() for r in caplog.records if " starting: database " in r.getMessage())
     assert "prefetch 7, min demand 3" in line
+    assert f"({connection.settings_dict['NAME']} on " in line  # which database it works on
 
 
 def test_start_up_names_the_machines_and_warns_of_rows_nothing_will_run(committed, keep_signal_handlers,
@@ -78,6 +79,25 @@ def test_start_up_names_the_machines_and_warns_of_rows_nothing_will_run(committe
         assert Instance.objects.get(id=stray).status == "runnable"
     finally:
         Instance.objects.filter(id=stray).delete()
+
+
+def test_burst_exits_past_a_row_that_names_an_unconfigured_rate_limit_and_says_so(
+        committed, keep_signal_handlers, queue_name, caplog):
+    # Such a row is never admitted: waiting for it, --burst would never exit.
+    done = gd.insert(Counter, state={"target": 1}, queue=queue_name)
+    stranded = gd.insert(Counter, state={"target": 1}, queue=queue_name, rate_limit=f"{queue_name}-nolimit")
+    try:
+        with caplog.at_level("INFO", "gen_durable"):
+            call_command("rundurable", "--burst", "--queue", f"{queue_name}=1", "--no-gc", verbosity=1)
+        assert Instance.objects.get(id=done).status == "done"
+        assert Instance.objects.get(id=stranded).status == "runnable"
+        messages = [r.getMessage() for r in caplog.records]
+        stop = messages.index(next(m for m in messages if m.startswith("burst mode: no runnable")))
+        assert queue_name in messages[stop]
+        # Named again on the way out, after the stop line, with what it leaves behind.
+        assert any(f"{queue_name}-nolimit" in m and "RATE_LIMITS" in m for m in messages[stop:])
+    finally:
+        Instance.objects.filter(id=stranded).delete()
 
 
 @pytest.mark.parametrize("argv, message", [

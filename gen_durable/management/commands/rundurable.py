@@ -103,7 +103,9 @@ class Command(BaseCommand):
         parser.add_argument("--no-reaper", action="store_true", help="Run no reaper in this process.")
         parser.add_argument("--no-gc", action="store_true", help="Run no GC in this process.")
         parser.add_argument("--burst", action="store_true",
-                            help="Exit 0 once no row of these queues is runnable or executing.")
+                            help="Exit 0 once no row of these queues is runnable or executing (rows parked on "
+                                 "a signal or children, and rows naming a rate limit RATE_LIMITS lacks, "
+                                 "are left; the latter are named on exit).")
         parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
         # pids of dead predecessors of a restarted child, whose claims it takes back at once
         parser.add_argument("--predecessors", default="", help=argparse.SUPPRESS)
