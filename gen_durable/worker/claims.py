@@ -47,6 +47,7 @@ class Claimed:
     #                               that keeps the state starts from it, not from a mutated ctx.state
     prefetched: bool = False  # claimed beyond the free slots: re-checked before it starts
     checked: float | None = None  # monotonic time of the last re-check that found it still ours
+    rechecked: bool = False  # its freshness came from a batch re-check (counted when it starts)
     lost: bool = False  # a re-check found it cancelled or reaped: it must not start
 
 

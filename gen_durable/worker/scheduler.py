@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -51,10 +52,14 @@ STEP_IDLE_RELEASE = 30.0
 # The re-check of prefetched rows before they start (`Scheduler._still_ours`): the claim
 # itself proves a row ours, and so does a re-check; a row starts without another probe
 # for RECHECK_FRESH s after either. Past that, one statement re-checks the starting row
-# with up to RECHECK_BATCH - 1 stale prefetched rows queued behind it. A cancel that
-# commits within the window is caught by the flush guard instead (the step runs; its
-# outcome is dropped), as for a running step.
+# with the stale prefetched rows queued behind it that are expected to start within the
+# next RECHECK_FRESH s (the rate at which re-checked rows started since the last
+# re-check, at least RECHECK_MIN, at most RECHECK_BATCH): a row re-checked further ahead
+# would go stale again before it starts and be probed twice (docs/performance.md, round 6).
+# A cancel that commits within the window is caught by the flush guard instead (the step
+# runs; its outcome is dropped), as for a running step.
 RECHECK_BATCH = 500
+RECHECK_MIN = 8
 RECHECK_FRESH = 0.05
 # Seconds stop() waits for cancelled async steps to finish their cancellation; one that
 # takes longer (it catches CancelledError and goes on) is handed back like a running step.
@@ -138,6 +143,10 @@ class Scheduler:
         # dispatch scans the buffer for them only then (not on every dispatch).
         self._async_buffered = False
         self._tasks: dict = {}  # id -> concurrent Future of an async step's task
+        # Re-checked rows that started, and (monotonic time, that count) at the last
+        # re-check: their start rate sizes the next re-check batch (`_recheck_limit`).
+        self._rechecked_starts = 0
+        self._recheck_mark = (time.monotonic(), 0)
 
     # --- control -------------------------------------------------------------
     def start(self):
@@ -559,21 +568,27 @@ class Scheduler:
         (PREFETCH) that waited in the buffer. Once it waited RECHECK_FRESH seconds since
         its claim (or its last re-check), it is re-checked, so a row cancelled while it
         waited does not run its step. One statement re-checks it together with the stale
-        prefetched rows queued behind it (up to RECHECK_BATCH): a prefetch-heavy drain
-        pays no probe for rows that start soon after their claim and one per buffer's
-        worth of the others, instead of one round trip per row
-        (docs/performance.md#profile). Rows claimed for a free slot start at once without
+        prefetched rows queued behind it that are expected to start within RECHECK_FRESH
+        (`_recheck_limit`): a prefetch-heavy drain pays no probe for rows that start soon
+        after their claim and about one per row for the others, instead of one round
+        trip per row (docs/performance.md#profile). Rows claimed for a free slot start at once without
         the check, so with PREFETCH = 0 the hot path is unchanged. Used by sync steps'
         threads and (through sync_to_async) by async steps. False: logged and reported
         as stale."""
         now = time.monotonic()
-        if not job.lost and (job.checked is None or now - job.checked > RECHECK_FRESH):
+        stale = not job.lost and (job.checked is None or now - job.checked > RECHECK_FRESH)
+        if job.rechecked and not stale:
+            self._rechecked_starts += 1  # unlocked: a lost increment only lowers an estimate
+        if stale:
             with self._lock:
-                batch = [job] + [b for b in itertools.islice(self.buffer, RECHECK_BATCH)
-                                 if getattr(b, "prefetched", False) and not b.lost and b is not job
-                                 and (b.checked is None or now - b.checked > RECHECK_FRESH)]
+                self._rechecked_starts += 1
+                behind = (b for b in itertools.islice(self.buffer, RECHECK_BATCH)
+                          if getattr(b, "prefetched", False) and not b.lost and b is not job
+                          and (b.checked is None or now - b.checked > RECHECK_FRESH))
+                batch = [job, *itertools.islice(behind, self._recheck_limit(now) - 1)]
                 for b in batch:
                     b.checked = now  # taken: another step thread does not re-check them too
+                    b.rechecked = True
             try:
                 owned = still_owned([b.id for b in batch], self.worker_id, self.using)
             except Exception:
@@ -589,6 +604,18 @@ class Scheduler:
         telemetry.emit("outcome.stale", {"count": 1}, {"id": job.id, "fsm": job.fsm, "step": job.step,
                                                        "kind": "unstarted"})
         return False
+
+    def _recheck_limit(self, now: float) -> int:
+        """Rows one re-check covers (called with the lock held at each re-check): the
+        re-checked rows that started since the last one, per second, times RECHECK_FRESH —
+        the rows expected to start while this re-check is fresh — within
+        [RECHECK_MIN, RECHECK_BATCH]."""
+        since, count = self._recheck_mark
+        self._recheck_mark = (now, self._rechecked_starts)
+        started, elapsed = self._rechecked_starts - count, now - since
+        if started <= 0 or elapsed <= 0:
+            return RECHECK_MIN
+        return max(RECHECK_MIN, min(RECHECK_BATCH, math.ceil(started / elapsed * RECHECK_FRESH)))
 
     def _timed(self, run, job, fn):
         """Run `fn()` (one step of `job`) under its time budget; raise Abandoned when the
@@ -774,7 +801,7 @@ class Scheduler:
                 nxt.chain = (entry.chain[0], entry.chain[1], entry.from_step)
                 # The commit just proved the row ours (the flush is guarded by
                 # locked_by), as a claim does: no re-check before it starts (`_owned`).
-                nxt.checked = now
+                nxt.checked, nxt.rechecked = now, False
                 if self._stop.is_set():
                     requeue.append((entry, nxt))
                     continue

@@ -310,3 +310,23 @@ def test_a_continuation_is_not_rechecked_its_flush_proved_it_ours(engine, queue_
     wait_until(lambda: status(first) == "done" and status(second) == "done", what="both chains done")
     assert steps_of(log, second) == ["a", "b", "c"]
     assert calls == [[second]]
+
+
+def test_rows_buffered_behind_inline_chains_are_rechecked_about_once(engine, queue_name, settings, monkeypatch):
+    """Prefetched rows wait behind the chains' continuations (which go first) for many
+    RECHECK_FRESH windows. A re-check covers only the buffered rows expected to start
+    while it is fresh (the start rate of re-checked rows), so each row is probed about
+    once — a re-check of the whole buffer made every row go stale again before it
+    started and be probed once per window it waited through (~8 probes a row here)."""
+    settings.GEN_DURABLE = {**settings.GEN_DURABLE, "PREFETCH": 200}
+    calls = record_rechecks(monkeypatch)
+    n = 120
+    ids = gd.insert_all([gd.Spec(InlineCounter, state={"target": 3, "sleep": 0.002}, queue=queue_name)
+                         for _ in range(n)])
+    engine({queue_name: 1})
+    wait_until(lambda: Instance.objects.filter(id__in=ids, status="done").count() == n, timeout=120,
+               what="every chain done")
+    probes = Counter(i for call in calls for i in call)
+    assert set(probes) <= set(ids)
+    assert len(probes) >= n // 2, "the rows waited past RECHECK_FRESH: most are re-checked"
+    assert sum(probes.values()) <= 2 * n, f"{sum(probes.values())} probes for {len(probes)} rows"
