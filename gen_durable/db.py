@@ -80,6 +80,9 @@ def pg_array(values) -> str:
     """
     values = values if type(values) is list else list(values)
     kinds = set(map(type, values))
+    if len(kinds) == 1 and len(values) > 1 and values.count(values[0]) == len(values):
+        # One repeated value (a flush's worker, its NULL columns, weight 1.0): rendered once.
+        return "{" + ",".join([pg_array(values[:1])[1:-1]] * len(values)) + "}"
     kinds.discard(type(None))
     if kinds == {int} or not kinds:
         if None in values:

@@ -162,8 +162,8 @@ def _run(cls, job: Claimed, inline: bool = False) -> Entry:
         outcome = getattr(machine, method)(ctx)
         if clean and db.discard_dangling(where):
             raise TransactionLeftOpen(f"{where} returned inside a transaction; it was rolled back")
-        entry = to_entry(outcome, cls, job, consumed=tuple(s.id for s in awaited),
-                         presented=tuple(s.id for s in awaited), inline=inline)
+        ids = tuple(s.id for s in awaited) if awaited else ()
+        entry = to_entry(outcome, cls, job, consumed=ids, presented=ids, inline=inline)
         return _with_record(entry, machine)
     except BaseException as error:
         if db.is_connection_error(error) and (retry := connection_retry(error, cls, job)) is not None:
@@ -241,8 +241,8 @@ async def _arun(cls, job: Claimed, inline: bool = False) -> Entry:
             ctx.state = load_typed(cls.State, job.state)
         async with asyncio.timeout(timeout) as budget:
             outcome = await getattr(machine, method)(ctx)
-        entry = to_entry(outcome, cls, job, consumed=tuple(s.id for s in awaited),
-                         presented=tuple(s.id for s in awaited), inline=inline)
+        ids = tuple(s.id for s in awaited) if awaited else ()
+        entry = to_entry(outcome, cls, job, consumed=ids, presented=ids, inline=inline)
         return _with_record(entry, machine)
     except asyncio.CancelledError:
         raise

@@ -49,3 +49,25 @@ def test_batch_column_sends_a_repeated_value_once(values, expected):
     from gen_durable.db import batch_column
 
     assert batch_column(values) == expected
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("values, cast", [
+    ([None] * 3, "text[]"),
+    (["host:1-abc"] * 3, "text[]"),
+    (['quote "q" and \\'] * 3, "text[]"),   # the one element is escaped like any other
+    ([1.0] * 3, "float8[]"),
+    ([0.0] * 2, "float8[]"),
+    ([False] * 3, "bool[]"),
+    ([7] * 3, "bigint[]"),
+    ([1, True], "text[]"),                  # equal but of two types: rendered element by element
+])
+def test_a_repeated_value_renders_like_its_elements(values, cast):
+    """A column of one repeated value (a flush's worker and NULL columns) is rendered once
+    and repeated: the same literal the element-wise path gives, parsed back the same."""
+    expected = "{" + ",".join(pg_array([v])[1:-1] for v in values) + "}"
+    assert pg_array(values) == expected
+    if cast != "text[]" or all(isinstance(v, str) or v is None for v in values):
+        with connection.cursor() as cur:
+            cur.execute(f"SELECT %s::{cast}", [pg_array(values)])
+            assert cur.fetchone()[0] == values
