@@ -48,6 +48,7 @@ class Claimed:
     prefetched: bool = False  # claimed beyond the free slots: re-checked before it starts
     checked: float | None = None  # monotonic time of the last re-check that found it still ours
     rechecked: bool = False  # its freshness came from a batch re-check (counted when it starts)
+    pending: object = None  # threading.Event of a re-check in flight that covers it (`Scheduler._owned`)
     lost: bool = False  # a re-check found it cancelled or reaped: it must not start
 
 

@@ -575,28 +575,49 @@ class Scheduler:
         the check, so with PREFETCH = 0 the hot path is unchanged. Used by sync steps'
         threads and (through sync_to_async) by async steps. False: logged and reported
         as stale."""
-        now = time.monotonic()
-        stale = not job.lost and (job.checked is None or now - job.checked > RECHECK_FRESH)
-        if job.rechecked and not stale:
-            self._rechecked_starts += 1  # unlocked: a lost increment only lowers an estimate
-        if stale:
+        while True:
+            now = time.monotonic()
             with self._lock:
-                self._rechecked_starts += 1
-                behind = (b for b in itertools.islice(self.buffer, RECHECK_BATCH)
-                          if getattr(b, "prefetched", False) and not b.lost and b is not job
-                          and (b.checked is None or now - b.checked > RECHECK_FRESH))
-                batch = [job, *itertools.islice(behind, self._recheck_limit(now) - 1)]
-                for b in batch:
-                    b.checked = now  # taken: another step thread does not re-check them too
-                    b.rechecked = True
+                # A re-check in flight on another thread covers this row: its answer,
+                # not the time it was taken, decides (the row waits for it).
+                waiting = getattr(job, "pending", None)
+                stale = waiting is None and not job.lost and (job.checked is None
+                                                              or now - job.checked > RECHECK_FRESH)
+                if stale:
+                    self._rechecked_starts += 1
+                    behind = (b for b in itertools.islice(self.buffer, RECHECK_BATCH)
+                              if getattr(b, "prefetched", False) and not b.lost and b is not job
+                              and getattr(b, "pending", None) is None
+                              and (b.checked is None or now - b.checked > RECHECK_FRESH))
+                    batch = [job, *itertools.islice(behind, self._recheck_limit(now) - 1)]
+                    done = threading.Event()
+                    for b in batch:
+                        b.checked = now  # taken: another step thread does not re-check them too
+                        b.rechecked = True
+                        b.pending = done  # ... but waits for this answer before it starts one
+            if waiting is not None:
+                waiting.wait()
+                continue  # answered (or failed: then re-checked here)
+            if job.rechecked and not stale:
+                self._rechecked_starts += 1  # unlocked: a lost increment only lowers an estimate
+            if not stale:
+                break
             try:
                 owned = still_owned([b.id for b in batch], self.worker_id, self.using)
             except Exception:
                 logger.warning("could not re-check buffered row %s#%s; running it", job.fsm, job.id, exc_info=True)
+                for b in batch[1:]:
+                    b.checked = None  # not re-checked after all: each re-checks before it starts
                 return True
-            for b in batch:
-                if b.id not in owned:
-                    b.lost = True  # dropped here or when a step thread takes it
+            else:
+                for b in batch:
+                    if b.id not in owned:
+                        b.lost = True  # dropped here or when a step thread takes it
+            finally:
+                for b in batch:
+                    b.pending = None
+                done.set()
+            break
         if not job.lost:
             return True
         logger.info("%s#%s was cancelled or lost its claim while buffered; its step %r does not run",
