@@ -571,37 +571,46 @@ class Scheduler:
         prefetched rows queued behind it that are expected to start within RECHECK_FRESH
         (`_recheck_limit`): a prefetch-heavy drain pays no probe for rows that start soon
         after their claim and about one per row for the others, instead of one round
-        trip per row (docs/performance.md#profile). Rows claimed for a free slot start at once without
-        the check, so with PREFETCH = 0 the hot path is unchanged. Used by sync steps'
+        trip per row (docs/performance.md#profile). A row that another thread's re-check
+        covers waits for that answer; when the statement fails, the starting row runs and
+        the others of the batch re-check themselves. Rows claimed for a free slot start at
+        once without the check, so with PREFETCH = 0 the hot path is unchanged. Used by sync steps'
         threads and (through sync_to_async) by async steps. False: logged and reported
         as stale."""
         while True:
+            # Fresh (from its claim, a re-check or an inline commit): no lock. A re-check
+            # taken on another thread sets `pending` before `checked`, so reading `checked`
+            # first and `pending` second never sees its new time without its answer due.
+            checked = job.checked
             now = time.monotonic()
+            if job.pending is None and (job.lost or (checked is not None and now - checked <= RECHECK_FRESH)):
+                if job.rechecked and not job.lost:
+                    self._rechecked_starts += 1  # unlocked: a lost increment only lowers an estimate
+                break
             with self._lock:
                 # A re-check in flight on another thread covers this row: its answer,
                 # not the time it was taken, decides (the row waits for it).
-                waiting = getattr(job, "pending", None)
-                stale = waiting is None and not job.lost and (job.checked is None
-                                                              or now - job.checked > RECHECK_FRESH)
-                if stale:
+                waiting = job.pending
+                if waiting is None and (job.lost or (job.checked is not None
+                                                     and now - job.checked <= RECHECK_FRESH)):
+                    continue  # re-checked by another thread meanwhile
+                if waiting is None:
                     self._rechecked_starts += 1
                     behind = (b for b in itertools.islice(self.buffer, RECHECK_BATCH)
                               if getattr(b, "prefetched", False) and not b.lost and b is not job
-                              and getattr(b, "pending", None) is None
+                              and b.pending is None
                               and (b.checked is None or now - b.checked > RECHECK_FRESH))
                     batch = [job, *itertools.islice(behind, self._recheck_limit(now) - 1)]
                     done = threading.Event()
                     for b in batch:
-                        b.checked = now  # taken: another step thread does not re-check them too
+                        b.pending = done  # first: whoever takes it meanwhile waits for this answer
                         b.rechecked = True
-                        b.pending = done  # ... but waits for this answer before it starts one
+                        b.checked = now  # taken: another step thread does not re-check them too
             if waiting is not None:
+                # Bounded by the re-checking thread's statement: its connection's keepalives
+                # end a half-open one with an error, which releases the waiters.
                 waiting.wait()
                 continue  # answered (or failed: then re-checked here)
-            if job.rechecked and not stale:
-                self._rechecked_starts += 1  # unlocked: a lost increment only lowers an estimate
-            if not stale:
-                break
             try:
                 owned = still_owned([b.id for b in batch], self.worker_id, self.using)
             except Exception:
@@ -615,7 +624,7 @@ class Scheduler:
                         b.lost = True  # dropped here or when a step thread takes it
             finally:
                 for b in batch:
-                    b.pending = None
+                    b.pending = None  # after `lost` and `checked`: a waiter reads the answer
                 done.set()
             break
         if not job.lost:

@@ -102,7 +102,6 @@ def test_rows_cancelled_while_buffered_never_start_with_several_step_threads(
     assert sorted(RAN) == sorted(live)
 
 
-
 def test_a_failed_recheck_does_not_vouch_for_the_other_rows_of_its_batch(engine, queue_name, settings, gated,
                                                                          monkeypatch):
     """The re-check statement fails (a database error): the starting row runs (by
