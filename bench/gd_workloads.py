@@ -399,6 +399,11 @@ WORKLOADS = {
     "gd_drain_200k_c1_p2_pf500": sustained(concurrency=1, prefetch=500, min_demand=100, max_batch=500),
     "gd_pipeline_5step_inline_c1_p2_pf500": drain(4_000, 1, 2, machine="InlinePipeline", steps_per=5,
                                                   prefetch=500, min_demand=100, max_batch=500),
+    # The same machine over 200,000 steps (40,000 instances), beside the 200k job drain:
+    # the 20k-step run above is over in about a second and a half on a slow machine, where
+    # the start and the tail weigh on it (docs/performance.md "Round 6").
+    "gd_pipeline_5step_inline_40k_c1_p2_pf500": drain(40_000, 1, 2, machine="InlinePipeline", steps_per=5,
+                                                      prefetch=500, min_demand=100, max_batch=500),
     # The inline machine's best of that sweep (2 × 16 ≈ 38.3k steps/s; 2 × 8 ≈ 34.0k;
     # 2 × 4 ≈ 34.2k), with the job drain in the same configuration beside it.
     "gd_pipeline_5step_inline_c16_p2_pf500": drain(4_000, 16, 2, machine="InlinePipeline", steps_per=5,

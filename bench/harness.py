@@ -754,6 +754,9 @@ TARGETS = [
      "raw_claim_complete_200k", 0.5),
     ("5-step machine (inline), 2 × 1 ≥ 1.3× job drain, same configuration (start-up outside)",
      "gd_pipeline_5step_inline_c1_p2_pf500@outside", "gd_drain_c1_p2_pf500@outside", 1.3),
+    ("5-step machine (inline), 2 × 1, 200,000 steps ≥ 1.3× the 200k job drain, same configuration "
+     "(start-up outside)", "gd_pipeline_5step_inline_40k_c1_p2_pf500@outside", "gd_drain_200k_c1_p2_pf500@outside",
+     1.3),
     ("drain ≥ 10× procrastinate", "gd_drain_c50_p2", "procrastinate", 10.0),
     ("drain ≥ 10× Django Tasks database backend", "gd_drain_c50_p2", "django_tasks_db", 10.0),
     ("@task drain on gen_durable ≥ 10× django-tasks-db", "tasks_gen_durable", "tasks_django_tasks_db", 10.0),
