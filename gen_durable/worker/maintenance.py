@@ -94,8 +94,10 @@ class Periodic(Role):
     The role keeps its own connection for the life of the process. A failure on a lost or
     refused connection closes it and tries again after a back-off (0.1 s doubling, never
     longer than `interval`); any other failure keeps the connection (unless it is no
-    longer usable) and waits for the next tick. `last_ok` is the monotonic time of the
-    last success (start-up counts as one).
+    longer usable) and waits for the next tick. `last_ok` is the monotonic time at which
+    the last successful call began (start-up counts as one): a lease the heartbeat
+    renewed runs from the server's clock at that statement, no earlier, so a worker that
+    counts its leases from `last_ok` never believes in one the reaper may already take.
     """
 
     def __init__(self, name, interval, fn, using=None):
@@ -109,6 +111,7 @@ class Periodic(Role):
         wait = self.interval
         backoff = 0.1
         while not self._stop.wait(wait):
+            began = time.monotonic()
             try:
                 self.fn()
             except Exception as exc:
@@ -126,7 +129,7 @@ class Periodic(Role):
                     if conn.connection is not None and not conn.is_usable():
                         conn.close()
             else:
-                self.last_ok = time.monotonic()
+                self.last_ok = began
                 wait, backoff = self.interval, 0.1
             reset_queries()  # DEBUG keeps every query until reset
         db.connection(self.using).close()

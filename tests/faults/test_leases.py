@@ -38,3 +38,31 @@ def test_rundurable_refuses_a_heartbeat_that_cannot_keep_its_lease(committed, tm
                           capture_output=True, text=True, timeout=120)
     assert done.returncode != 0
     assert "gen_durable.E030" in done.stderr and "cannot keep a 5s lease alive" in done.stderr
+
+
+def test_a_renewal_counts_from_when_it_was_sent_not_from_when_it_returned(transactional_db):
+    """The worker stops starting steps once `last_ok` is a lease old (`Supervisor.leases_held`).
+    The server extends a lease from its clock when the heartbeat's statement runs, so
+    `last_ok` must be when the successful call began: counted from its return, a slow
+    renewal gave the worker that much longer than the reaper gives its rows."""
+    import time
+
+    from django.db import connection
+
+    from gen_durable.worker.maintenance import Periodic
+
+    began, ended = [], []
+
+    def renewal():
+        began.append(time.monotonic())
+        with connection.cursor() as cur:  # a real round trip that takes a while
+            cur.execute("SELECT pg_sleep(0.2)")
+        ended.append(time.monotonic())
+
+    role = Periodic("heartbeat", 0.05, renewal).start()
+    try:
+        wait_until(lambda: len(ended) >= 2, timeout=10, what="two renewals")
+    finally:
+        role.stop()
+    # The last call's start (after the previous one ended, before this one's statement), not its end.
+    assert ended[-2] < role.last_ok <= began[-1] < ended[-1]
