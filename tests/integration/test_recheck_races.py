@@ -3,8 +3,6 @@
 RECHECK_FRESH before it starts, must never run its step — with several step threads
 re-checking at once, and when a re-check statement fails."""
 
-import asyncio
-import threading
 import time
 
 import pytest
@@ -13,52 +11,22 @@ import gen_durable as gd
 from gen_durable.models import Instance
 from gen_durable.worker import scheduler
 from tests.conftest import wait_until
-
-GATE = threading.Event()
-RAN: list = []
+from tests.integration.test_step_isolation import _blockers
 
 
-class Gated(gd.Machine):
-    """Rows with state["block"] hold their step thread until GATE opens; the others
-    record that their step ran."""
-
-    name = "tests.recheck.Gated"
-
-    @gd.step
-    def start(self, ctx):
-        if ctx.state.get("block"):
-            GATE.wait(30)
-        else:
-            RAN.append(ctx.id)
-        return gd.Done()
+@pytest.fixture(params=["sync", "async"])
+def gated(request):
+    """(machine, gate, ran) of the blocker machines of test_step_isolation, per kind:
+    rows with state["block"] hold their step until the gate opens, the others record
+    that their step ran."""
+    machine, gate, ran = _blockers(request.param)
+    ran.clear()
+    gate.clear()
+    yield machine, gate, ran
+    gate.set()
 
 
-class AsyncGated(gd.Machine):
-    """Gated, with an `async def` step."""
-
-    name = "tests.recheck.AsyncGated"
-
-    @gd.step
-    async def start(self, ctx):
-        if ctx.state.get("block"):
-            for _ in range(6000):
-                if GATE.is_set():
-                    break
-                await asyncio.sleep(0.005)
-        else:
-            RAN.append(ctx.id)
-        return gd.Done()
-
-
-@pytest.fixture
-def gated():
-    RAN.clear()
-    GATE.clear()
-    yield
-    GATE.set()
-
-
-def _fill(engine, queue_name, settings, *, concurrency, n, prefetch, machine=Gated):
+def _fill(engine, queue_name, settings, *, concurrency, n, prefetch, machine):
     """`concurrency` blockers hold every slot; `n` rows are claimed into the buffer behind
     them. Returns (blocker ids, buffered ids)."""
     settings.GEN_DURABLE = {**settings.GEN_DURABLE, "PREFETCH": prefetch}
@@ -77,29 +45,29 @@ def _settle(ids, n_live):
                what="the live rows done")
 
 
-@pytest.mark.parametrize("machine", [Gated, AsyncGated], ids=["sync", "async"])
 @pytest.mark.parametrize("concurrency", [1, 4, 8])
 def test_rows_cancelled_while_buffered_never_start_with_several_step_threads(
-        engine, queue_name, settings, gated, concurrency, machine):
+        engine, queue_name, settings, gated, concurrency):
     """Every slot is busy; rows wait in the buffer, half of them are cancelled, and the
     cancels are older than RECHECK_FRESH when the slots free up. All step threads then
     take rows at once: none of the cancelled rows may run its step (the live ones all
     run, once). A re-check that another thread has in flight must not vouch for a row
     before its answer is in: the row's `checked` is set when the batch is taken, and the
     other threads started the rows of that batch at once — every cancelled row ran."""
+    machine, gate, ran = gated
     blockers, buffered = _fill(engine, queue_name, settings, concurrency=concurrency, n=120, prefetch=200,
                                machine=machine)
     cancelled = set(buffered[1::2])
     for id_ in cancelled:
         gd.cancel(id_, "customer left")
     time.sleep(scheduler.RECHECK_FRESH * 2)  # every cancel is older than the window
-    GATE.set()
+    gate.set()
     live = [i for i in buffered if i not in cancelled]
     _settle(live, len(live))
     wait_until(lambda: Instance.objects.filter(id__in=blockers, status="done").count() == concurrency,
                what="blockers done")
-    assert not cancelled & set(RAN), f"{len(cancelled & set(RAN))} of {len(cancelled)} cancelled rows ran their step"
-    assert sorted(RAN) == sorted(live)
+    assert not cancelled & set(ran), f"{len(cancelled & set(ran))} of {len(cancelled)} cancelled rows ran their step"
+    assert sorted(ran) == sorted(live)
 
 
 def test_a_failed_recheck_does_not_vouch_for_the_other_rows_of_its_batch(engine, queue_name, settings, gated,
@@ -108,6 +76,7 @@ def test_a_failed_recheck_does_not_vouch_for_the_other_rows_of_its_batch(engine,
     design: its outcome meets the flush guard), but the other buffered rows of that
     batch were never re-checked — they must re-check before they start, not run on the
     failed statement's timestamp. A wide window makes "started within it" certain."""
+    machine, gate, ran = gated
     monkeypatch.setattr(scheduler, "RECHECK_FRESH", 0.5)
     calls = []
     real = scheduler.still_owned
@@ -119,13 +88,13 @@ def test_a_failed_recheck_does_not_vouch_for_the_other_rows_of_its_batch(engine,
         return real(ids, worker, using)
 
     monkeypatch.setattr(scheduler, "still_owned", failing_once)
-    blockers, buffered = _fill(engine, queue_name, settings, concurrency=1, n=6, prefetch=20)
+    blockers, buffered = _fill(engine, queue_name, settings, concurrency=1, n=6, prefetch=20, machine=machine)
     for id_ in buffered:
         gd.cancel(id_, "customer left")
     time.sleep(scheduler.RECHECK_FRESH * 2)  # every cancel is older than the window
-    GATE.set()
+    gate.set()
     wait_until(lambda: Instance.objects.filter(id__in=blockers, status="done").count() == 1, what="blocker done")
-    later = gd.insert(Gated, queue=queue_name)  # the slot goes on with fresh work
+    later = gd.insert(machine, queue=queue_name)  # the slot goes on with fresh work
     wait_until(lambda: Instance.objects.filter(id=later, status="done").exists(), timeout=30, what="later done")
     assert len(calls[0]) == 6, calls  # one batch covered every buffered row, and failed
-    assert set(RAN) - {later} <= {calls[0][0]}, f"rows of the failed re-check ran: {sorted(set(RAN) - {later})}"
+    assert set(ran) - {later} <= {calls[0][0]}, f"rows of the failed re-check ran: {sorted(set(ran) - {later})}"
