@@ -550,14 +550,14 @@ def check_rate_limit_names(app_configs=None, databases=None, **kwargs):
         return []
     from django.db import DatabaseError
 
-    from .limiter import unknown_rate_limit_names
+    from .limiter import describe_unknown, unknown_rate_limits
 
     try:
-        unknown = unknown_rate_limit_names()
+        unknown = unknown_rate_limits()
     except DatabaseError:  # not migrated yet, or no server: other checks report that
         return []
     if not unknown:
         return []
-    return [Warning(f"Rows waiting to run name rate limits that are not configured: {', '.join(unknown)}.",
+    return [Warning(f"Rows waiting to run name rate limits that are not configured: {describe_unknown(unknown)}.",
                     hint="Add them to GEN_DURABLE['RATE_LIMITS']; until then those rows stay runnable and "
                          "are never admitted (each is re-offered every 60 s).", id=ID + "W004")]

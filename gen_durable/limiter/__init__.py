@@ -52,12 +52,18 @@ def get_limiter(using=None) -> Limiter:
     return limiter
 
 
-def unknown_rate_limit_names(using=None) -> list[str]:
-    """Rate-limit names that runnable or executing rows carry but RATE_LIMITS lacks (one statement)."""
+def unknown_rate_limits(using=None) -> list[tuple[str, int, int]]:
+    """(name, rows, lowest id) of each rate-limit name that runnable or executing rows
+    carry but RATE_LIMITS lacks, most rows first, at most 20 (one statement)."""
     from .. import db, sql
 
     names = sorted(get_limits().rates)
-    return sorted(r[0] for r in db.fetchall(sql.UNKNOWN_RATE_LIMITS, {"names": db.pg_array(names)}, using))
+    return [tuple(r) for r in db.fetchall(sql.UNKNOWN_RATE_LIMITS, {"names": db.pg_array(names)}, using)]
+
+
+def describe_unknown(unknown) -> str:
+    """`payments (1,204 rows, e.g. id 42), …` for a warning about `unknown_rate_limits`."""
+    return ", ".join(f"{name} ({n:,} row{'s' if n != 1 else ''}, e.g. id {example})" for name, n, example in unknown)
 
 
 def _build(settings, using) -> Limiter:

@@ -25,7 +25,7 @@ from django.conf import settings as django_settings
 from .. import db, registry, schedules, sql
 from ..checks import unserved_queues
 from ..conf import database_alias, get_settings
-from ..limiter import get_limiter, unknown_rate_limit_names
+from ..limiter import describe_unknown, get_limiter, unknown_rate_limits
 from . import aio
 from .claims import heartbeat
 from .flusher import Flusher
@@ -260,10 +260,10 @@ class Supervisor:
         rate limit (tens of ms at 200k rows), and the first claim need not wait for it.
         """
         try:
-            unknown = unknown_rate_limit_names(self.using)
+            unknown = unknown_rate_limits(self.using)
             if unknown:
                 logger.warning("rows name rate limits that GEN_DURABLE['RATE_LIMITS'] lacks: %s; they stay "
-                               "runnable and are never admitted until configured", ", ".join(unknown))
+                               "runnable and are never admitted until configured", describe_unknown(unknown))
             served = set(self.schedulers) | set(self.s.QUEUES if isinstance(self.s.QUEUES, dict) else ())
             waiting = unserved_queues(served, self.using)
             if waiting:

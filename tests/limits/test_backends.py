@@ -246,15 +246,19 @@ def test_redis_zero_rate_buckets_never_expire(redis_limiter, queue_name):
 
 
 def test_check_and_start_up_warn_about_unconfigured_rate_limit_names(pg, queue_name, caplog):
+    """W004 names each unconfigured rate limit with how many rows wait on it and one of
+    their ids (where to look in the admin), most rows first."""
     from gen_durable.checks import check_rate_limit_names
-    from gen_durable.limiter import unknown_rate_limit_names
+    from gen_durable.limiter import unknown_rate_limits
 
     pg(rates={"api": {"allowed": 1, "period": 1}})
-    gd.insert(Plain, queue=queue_name, rate_limit=("ghost", 7))
+    ghosts = [gd.insert(Plain, queue=queue_name, rate_limit=("ghost", k)) for k in range(3)]
+    typo = gd.insert(Plain, queue=queue_name, rate_limit="apj")
     gd.insert(Plain, queue=queue_name, rate_limit="api")
-    assert "ghost" in unknown_rate_limit_names() and "api" not in unknown_rate_limit_names()
+    assert unknown_rate_limits() == [("ghost", 3, min(ghosts)), ("apj", 1, typo)]
     (warning,) = check_rate_limit_names(databases=["default"])
-    assert warning.id == "gen_durable.W004" and "ghost" in warning.msg
+    assert warning.id == "gen_durable.W004"
+    assert f"ghost (3 rows, e.g. id {min(ghosts)}), apj (1 row, e.g. id {typo})" in warning.msg
     assert check_rate_limit_names(databases=None) == []  # only with --database
 
 
