@@ -232,6 +232,10 @@ def mark_step_thread() -> None:
     it opens (`thread_connections`) and counts as clean before each step — the step
     loop ends every job with `discard_dangling`."""
     engine_thread.opened = []
+    if not hasattr(engine_thread, "replaced"):
+        # Read after every step (`replaced_connections`): a getattr default on a missing
+        # thread-local attribute raises and catches AttributeError each time.
+        engine_thread.replaced = 0
 
 
 def _track_connection(sender, connection, **kwargs):
