@@ -510,12 +510,33 @@ def check_connection_budget(app_configs=None, databases=None, **kwargs):
     return []
 
 
-def unserved_queues(served, using=None) -> list[str]:
-    """The queues with runnable rows that are not in `served` (one probe per distinct
-    runnable queue on the pick index). Raises DatabaseError."""
+# How far the unserved-queue warnings count a queue's rows ("1,000+ rows" beyond).
+QUEUE_SAMPLE_CAP = 1000
+
+
+def unserved_queues(served, using=None) -> list[tuple[str, int, int]]:
+    """(queue, runnable rows — counted up to QUEUE_SAMPLE_CAP + 1 —, its head row's id)
+    of each queue with runnable rows that is not in `served`, by name. Statements: 1 (one
+    probe per distinct runnable queue on the pick index), +1 when any is unserved.
+    Raises DatabaseError."""
     from . import db, sql
 
-    return [r[0] for r in db.fetchall(sql.OVERVIEW_RUNNABLE_QUEUES, None, using) if r[0] not in served]
+    names = [r[0] for r in db.fetchall(sql.OVERVIEW_RUNNABLE_QUEUES, None, using) if r[0] not in served]
+    if not names:
+        return []
+    return [tuple(r) for r in db.fetchall(sql.QUEUE_SAMPLE, {"queues": db.pg_array(names),
+                                                             "cap": QUEUE_SAMPLE_CAP}, using)]
+
+
+def describe_rows(n: int, example: int, cap: int | None = None) -> str:
+    """`3 rows, e.g. id 42` (`1,000+ rows` past `cap`, for a count that stops there)."""
+    count = f"{cap:,}+ rows" if cap is not None and n > cap else f"{n:,} row{'s' if n != 1 else ''}"
+    return f"{count}, e.g. id {example}"
+
+
+def describe_stranded(items, cap: int | None = None) -> str:
+    """`payments (1,204 rows, e.g. id 42), …` of (name, rows, an id) triples."""
+    return ", ".join(f"{name} ({describe_rows(n, example, cap)})" for name, n, example in items)
 
 
 @register(Tags.database)
@@ -532,10 +553,11 @@ def check_runnable_queues(app_configs=None, databases=None, **kwargs):
     except DatabaseError:  # not migrated yet, or no server: other checks report that
         return []
     errors = []
-    for queue in unserved:
+    for queue, n, example in unserved:
         close = difflib.get_close_matches(queue, list(s.QUEUES), n=1)
         errors.append(Warning(
-            f"Runnable rows wait in queue {queue!r}, which GEN_DURABLE['QUEUES'] does not name.",
+            f"Runnable rows wait in queue {queue!r} ({describe_rows(n, example, QUEUE_SAMPLE_CAP)}), "
+            "which GEN_DURABLE['QUEUES'] does not name.",
             hint=(f"Did you mean {close[0]!r}? " if close else "")
             + "Add it to QUEUES (or run a worker with --queue for it); rows inserted with a misspelt queue "
               "can be cancelled from the admin.", id=ID + "W006"))
@@ -550,7 +572,7 @@ def check_rate_limit_names(app_configs=None, databases=None, **kwargs):
         return []
     from django.db import DatabaseError
 
-    from .limiter import describe_unknown, unknown_rate_limits
+    from .limiter import unknown_rate_limits
 
     try:
         unknown = unknown_rate_limits()
@@ -558,6 +580,6 @@ def check_rate_limit_names(app_configs=None, databases=None, **kwargs):
         return []
     if not unknown:
         return []
-    return [Warning(f"Rows waiting to run name rate limits that are not configured: {describe_unknown(unknown)}.",
+    return [Warning(f"Rows waiting to run name rate limits that are not configured: {describe_stranded(unknown)}.",
                     hint="Add them to GEN_DURABLE['RATE_LIMITS']; until then those rows stay runnable and "
                          "are never admitted (each is re-offered every 60 s).", id=ID + "W004")]

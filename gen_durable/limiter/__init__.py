@@ -61,11 +61,6 @@ def unknown_rate_limits(using=None) -> list[tuple[str, int, int]]:
     return [tuple(r) for r in db.fetchall(sql.UNKNOWN_RATE_LIMITS, {"names": db.pg_array(names)}, using)]
 
 
-def describe_unknown(unknown) -> str:
-    """`payments (1,204 rows, e.g. id 42), …` for a warning about `unknown_rate_limits`."""
-    return ", ".join(f"{name} ({n:,} row{'s' if n != 1 else ''}, e.g. id {example})" for name, n, example in unknown)
-
-
 def _build(settings, using) -> Limiter:
     lim = settings.LIMITER
     if isinstance(lim, dict) and lim.get("BACKEND") == "redis":

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from django.conf import settings as django_settings
 
 from .. import db, registry, schedules, sql
-from ..checks import unserved_queues
+from ..checks import QUEUE_SAMPLE_CAP, describe_stranded, unserved_queues
 from ..conf import database_alias, get_settings
-from ..limiter import describe_unknown, get_limiter, unknown_rate_limits
+from ..limiter import get_limiter, unknown_rate_limits
 from . import aio
 from .claims import heartbeat
 from .flusher import Flusher
@@ -263,13 +263,14 @@ class Supervisor:
             unknown = unknown_rate_limits(self.using)
             if unknown:
                 logger.warning("rows name rate limits that GEN_DURABLE['RATE_LIMITS'] lacks: %s; they stay "
-                               "runnable and are never admitted until configured", describe_unknown(unknown))
+                               "runnable and are never admitted until configured", describe_stranded(unknown))
             served = set(self.schedulers) | set(self.s.QUEUES if isinstance(self.s.QUEUES, dict) else ())
             waiting = unserved_queues(served, self.using)
             if waiting:
                 logger.warning("runnable rows wait in queues that neither this worker nor "
                                "GEN_DURABLE['QUEUES'] serves: %s (a misspelt queue= at insert? "
-                               "`manage.py check --database default` reports them as W006)", ", ".join(waiting))
+                               "`manage.py check --database default` reports them as W006)",
+                               describe_stranded(waiting, QUEUE_SAMPLE_CAP))
         except Exception as exc:  # visibility only
             logger.warning("could not check for rows that nothing will run: %s", exc)
 

@@ -73,7 +73,7 @@ def test_start_up_names_the_machines_and_warns_of_rows_nothing_will_run(committe
         machines = next(m for m in messages if " machines: " in m)
         assert "tests.Counter v1 (queue default)" in machines
         warning = next(r for r in caplog.records if "neither this worker nor" in r.getMessage())
-        assert warning.levelname == "WARNING" and f"{queue_name}-misspelt" in warning.getMessage()
+        assert warning.levelname == "WARNING" and f"{queue_name}-misspelt (1 row, e.g. id {stray})" in warning.getMessage()
         limits = next(r for r in caplog.records if "GEN_DURABLE['RATE_LIMITS'] lacks" in r.getMessage())
         assert limits.levelname == "WARNING" and f"{queue_name}-rl (1 row, e.g. id {stray})" in limits.getMessage()
         assert Instance.objects.get(id=stray).status == "runnable"

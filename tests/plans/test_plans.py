@@ -144,6 +144,8 @@ def test_overview_statements_never_scan_the_table(scale):
         (sql.OVERVIEW_QUEUE_DEPTH, {"queues": ["q0", "q1", "q2"], "cap": COUNT_CAP}, {"gen_durable_pick"}),
         (sql.OVERVIEW_EXECUTING, None, {"gen_durable_lease"}),
         (sql.OVERVIEW_COMPLETIONS, {"minutes": 60}, {"gen_durable_gc"}),
+        # the unserved-queue warnings (W006, worker start-up): bounded per queue too
+        (sql.QUEUE_SAMPLE, {"queues": ["q0", "q1", "q2"], "cap": 1000}, {"gen_durable_pick"}),
     ]
     for statement, params, indexes in cases:
         p = plan(statement, params)

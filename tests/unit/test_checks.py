@@ -526,13 +526,14 @@ def test_runnable_rows_in_a_queue_no_worker_is_configured_for_are_a_warning(sett
     from tests.durable_app.durable import Plain
 
     settings.GEN_DURABLE = {**settings.GEN_DURABLE, "QUEUES": {"default": 4, "emails": 2}}
-    gd.insert(Plain, queue="emials")
+    typo = [gd.insert(Plain, queue="emials") for _ in range(2)]  # the first is the queue's head
     gd.insert(Plain, queue="emails")
     # (rows other tests left in their own queues may be reported too)
     warnings = [w for w in checks.check_runnable_queues(databases=["default"]) if "'emials'" in w.msg
                 or "'emails'" in w.msg]
     assert [(w.id, w.msg, w.hint) for w in warnings] == [
-        ("gen_durable.W006", "Runnable rows wait in queue 'emials', which GEN_DURABLE['QUEUES'] does not name.",
+        ("gen_durable.W006", f"Runnable rows wait in queue 'emials' (2 rows, e.g. id {min(typo)}), which "
+                             "GEN_DURABLE['QUEUES'] does not name.",
          "Did you mean 'emails'? Add it to QUEUES (or run a worker with --queue for it); rows inserted with a "
          "misspelt queue can be cancelled from the admin."),
     ]
@@ -601,3 +602,20 @@ def test_a_misspelt_limit_key_is_named_beside_the_missing_limit():
         msgs = [e.msg for e in checks.check_limits()]
     assert msgs == ["GEN_DURABLE['CONCURRENCY_LIMITS']['erp'] needs 'limit', a positive int.",
                     "GEN_DURABLE['CONCURRENCY_LIMITS']['erp'] has an unknown key 'limt'."]
+
+
+@pytest.mark.django_db
+def test_an_unserved_queue_is_counted_only_up_to_the_cap(monkeypatch):
+    """The W006 count stops at QUEUE_SAMPLE_CAP (the scan reads at most cap + 1 index
+    entries of the queue, whatever its size) and says so."""
+    import gen_durable as gd
+    from tests.durable_app.durable import Plain
+
+    monkeypatch.setattr(checks, "QUEUE_SAMPLE_CAP", 3)
+    ids = gd.insert_all([gd.Spec(Plain, queue="stranded-q") for _ in range(5)])
+    few = gd.insert(Plain, queue="stranded-r")
+    found = {q: (n, example) for q, n, example in checks.unserved_queues({"default"}) if q.startswith("stranded-")}
+    assert found["stranded-q"][0] == 4  # cap + 1: "more than the cap"
+    assert found["stranded-q"][1] in ids
+    assert found["stranded-r"] == (1, few)
+    assert checks.describe_stranded([("stranded-q", *found["stranded-q"])], 3).startswith("stranded-q (3+ rows, e.g. id ")
