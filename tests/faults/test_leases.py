@@ -40,29 +40,39 @@ def test_rundurable_refuses_a_heartbeat_that_cannot_keep_its_lease(committed, tm
     assert "gen_durable.E030" in done.stderr and "cannot keep a 5s lease alive" in done.stderr
 
 
-def test_a_renewal_counts_from_when_it_was_sent_not_from_when_it_returned(transactional_db):
+def test_a_renewal_counts_from_when_it_was_sent_not_from_when_it_returned(transactional_db, monkeypatch):
     """The worker stops starting steps once `last_ok` is a lease old (`Supervisor.leases_held`).
     The server extends a lease from its clock when the heartbeat's statement runs, so
-    `last_ok` must be when the successful call began: counted from its return, a slow
-    renewal gave the worker that much longer than the reaper gives its rows."""
-    import time
-
+    `last_ok` must be the clock reading taken before the successful call, not one taken
+    after it returns (a slow renewal gave the worker that much longer than the reaper
+    gives its rows). The role's clock is a tick counter here: it orders the readings
+    against the call without measuring any time."""
     from django.db import connection
 
-    from gen_durable.worker.maintenance import Periodic
+    from gen_durable.worker import maintenance
 
-    began, ended = [], []
+    class Ticks:
+        """time.monotonic() that advances one tick per reading."""
+
+        def __init__(self):
+            self.now = 0
+
+        def monotonic(self):
+            self.now += 1
+            return self.now
+
+    ticks = Ticks()
+    monkeypatch.setattr(maintenance, "time", ticks)
+    seen = []  # the role's clock as each renewal starts: its last reading so far
 
     def renewal():
-        began.append(time.monotonic())
-        with connection.cursor() as cur:  # a real round trip that takes a while
-            cur.execute("SELECT pg_sleep(0.2)")
-        ended.append(time.monotonic())
+        seen.append(ticks.now)
+        with connection.cursor() as cur:  # a real round trip
+            cur.execute("SELECT 1")
 
-    role = Periodic("heartbeat", 0.05, renewal).start()
+    role = maintenance.Periodic("heartbeat", 0.01, renewal).start()
     try:
-        wait_until(lambda: len(ended) >= 2, timeout=10, what="two renewals")
+        wait_until(lambda: len(seen) >= 2, timeout=10, what="two renewals")
     finally:
         role.stop()
-    # The last call's start (after the previous one ended, before this one's statement), not its end.
-    assert ended[-2] < role.last_ok <= began[-1] < ended[-1]
+    assert role.last_ok == seen[-1]  # the reading before the last call, not one after it
