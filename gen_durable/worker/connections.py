@@ -173,7 +173,7 @@ def engine_transaction(using=None):
     Behind a transaction pooler the timeouts are set with SET LOCAL as its first
     statement; on a role thread the COMMIT is watched like any statement.
     """
-    watch = getattr(db.engine_thread, "watch", None)
+    watch = db.engine_thread.watch
     conn = db.connection(using)
     if watch is None:
         with transaction.atomic(using=database_alias(using)):
