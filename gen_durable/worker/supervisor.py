@@ -340,7 +340,8 @@ class Supervisor:
             if self.config.burst:
                 try:
                     if self.is_idle():
-                        logger.info("burst mode: no runnable or executing rows left in queues %s; stopping",
+                        logger.info("burst mode: nothing left that this worker can run in queues %s "
+                                    "(no executing rows, no runnable ones it can admit); stopping",
                                     ", ".join(self.schedulers))
                         self._warn_of_stranded_rows()  # what it leaves behind, if anything
                         break

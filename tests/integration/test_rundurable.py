@@ -92,7 +92,7 @@ def test_burst_exits_past_a_row_that_names_an_unconfigured_rate_limit_and_says_s
         assert Instance.objects.get(id=done).status == "done"
         assert Instance.objects.get(id=stranded).status == "runnable"
         messages = [r.getMessage() for r in caplog.records]
-        stop = messages.index(next(m for m in messages if m.startswith("burst mode: no runnable")))
+        stop = messages.index(next(m for m in messages if m.startswith("burst mode: nothing left that this worker can run")))
         assert queue_name in messages[stop]
         # Named again on the way out, after the stop line, with what it leaves behind.
         assert any(f"{queue_name}-nolimit" in m and "RATE_LIMITS" in m for m in messages[stop:])
