@@ -146,16 +146,22 @@ class Next:
     step: str
     state: Any = KEEP
     rate_limit: Any = None
-    weight: float = 1
+    weight: float = 1.0
     concurrency_key: Any = KEEP
     inline: bool | None = None
 
     def __post_init__(self):
         if not isinstance(self.step, str) or not self.step:
             raise InvalidInput(f"Next needs a step name, got {self.step!r}")
-        object.__setattr__(self, "rate_limit", key_string(self.rate_limit, "rate_limit"))
-        object.__setattr__(self, "concurrency_key", key_string(self.concurrency_key, "concurrency_key"))
-        object.__setattr__(self, "weight", weight_value(self.weight, "Next weight"))
+        # The defaults (no rate limit, the key kept, weight 1.0) need no normalising: most
+        # Nexts skip the three calls (a Next is built on every step of a chain).
+        if self.rate_limit is not None:
+            object.__setattr__(self, "rate_limit", key_string(self.rate_limit, "rate_limit"))
+        if self.concurrency_key is not KEEP and self.concurrency_key is not None:
+            object.__setattr__(self, "concurrency_key", key_string(self.concurrency_key, "concurrency_key"))
+        weight = self.weight
+        if type(weight) is not float or not 0.0 < weight < math.inf:  # NaN fails the comparison too
+            object.__setattr__(self, "weight", weight_value(weight, "Next weight"))
         if self.inline is not None and not isinstance(self.inline, bool):
             raise InvalidInput(f"Next inline must be None (the machine's inline_execution), True or False, "
                                f"got {self.inline!r}")

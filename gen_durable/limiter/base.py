@@ -82,7 +82,8 @@ class Limiter:
     def needs_admission(self, job) -> bool:
         """Whether a claimed row carries a rate limit, or a configured gate key without a slot."""
         return job.rate_limit is not None or (
-            getattr(job, "slot", None) is None and self.limits.gate_for(job.concurrency_key) is not None)
+            job.concurrency_key is not None and getattr(job, "slot", None) is None
+            and self.limits.gate_for(job.concurrency_key) is not None)
 
     # --- admission ---------------------------------------------------------------
     def admit(self, jobs, queue: str) -> Admission:

@@ -118,10 +118,14 @@ def _prepare(cls, job: Claimed):
     if method is None:
         return None, None, None, None
     machine = cls()
-    names = set(job.awaits or ())
-    awaited = [s for s in job.inbox if s.name in names]
+    inbox = job.inbox
+    if inbox and job.awaits:
+        names = set(job.awaits)
+        awaited = [s for s in inbox if s.name in names]
+    else:
+        awaited = []
     ctx = Context(id=job.id, step=job.step, state=job.state, attempt=job.attempt, awaited=awaited,
-                  all=list(job.inbox), children=list(job.children), queue=job.queue,
+                  all=list(inbox), children=list(job.children), queue=job.queue,
                   correlation_key=job.correlation_key, machine=machine)
     return method, machine, ctx, awaited
 
@@ -450,18 +454,31 @@ def to_entry(outcome, cls, job: Claimed, *, consumed, presented, inline=False) -
 
     inline: whether a Next may become an inline continuation (see `inline_kind`).
     """
-    base = dict(id=job.id, worker=job.worker, fsm=job.fsm, from_step=job.step, queue=job.queue, slot=job.slot)
     if isinstance(outcome, Next):
-        _check_step(cls, outcome.step, outcome)
-        _check_rate(outcome, cls, job)
-        set_key = outcome.concurrency_key is not KEEP
+        # Every step of a chain ends here: the checks that have nothing to check are
+        # skipped, and the Entry is built in one call (no shared dict of common fields).
+        step = outcome.step
+        if step not in cls.steps:
+            _check_step(cls, step, outcome)
+        if outcome.rate_limit is not None:
+            _check_rate(outcome, cls, job)
+        key = outcome.concurrency_key
+        set_key = key is not KEEP
         wanted, kind = inline_kind(outcome, cls, job, inline)
-        if kind == "inline":
-            base["slot"] = None  # the held slot goes on with the chain; credited when it ends
-        return Entry(kind=kind, step=outcome.step, state=_state(outcome.state, cls, job),
-                     set_key=set_key, new_key=outcome.concurrency_key if set_key else None,
+        state = outcome.state
+        return Entry(id=job.id, worker=job.worker, kind=kind, step=step,
+                     state=None if state is KEEP else _state(state, cls, job),
+                     set_key=set_key, new_key=key if set_key else None,
                      rate_limit=outcome.rate_limit, weight=float(outcome.weight),
-                     consumed=consumed, wanted_inline=wanted, **base)
+                     consumed=consumed, wanted_inline=wanted, fsm=job.fsm, from_step=job.step,
+                     queue=job.queue,
+                     # inline: the held slot goes on with the chain; credited when it ends
+                     slot=None if kind == "inline" else job.slot)
+    if type(outcome) is Done:  # a job's outcome: before the isinstance chain below
+        return Entry(id=job.id, worker=job.worker, kind="done",
+                     result=encode(outcome.result, f"result of {cls.name}#{job.id}", get_settings().MAX_PAYLOAD_BYTES),
+                     fsm=job.fsm, from_step=job.step, queue=job.queue, slot=job.slot)
+    base = dict(id=job.id, worker=job.worker, fsm=job.fsm, from_step=job.step, queue=job.queue, slot=job.slot)
     if isinstance(outcome, Retry):
         return Entry(kind="retry", state=_state(outcome.state, cls, job),
                      delay=outcome.delay, **base)
@@ -499,14 +516,16 @@ def continuation(job: Claimed, entry: Entry) -> Claimed:
     # dict, as dataclasses.replace (which re-runs __init__ over every field) cost a
     # tenth of an inline step's Python time (docs/performance.md). Attributes the
     # scheduler set on the claim (is_async, chain) are set again by continue_chains.
+    # The inbox and children lists are the flush's own (or its shared empty tuples):
+    # nothing appends to a claim's inputs (the step gets copies in its Context).
     nxt = object.__new__(Claimed)
-    nxt.__dict__.update(job.__dict__)
-    nxt.step, nxt.raw_state, nxt.attempt, nxt.awaits = entry.step, raw, 0, None
-    nxt.state = loads(raw) if raw is not None else job.state
-    nxt.rate_limit, nxt.weight = entry.rate_limit, entry.weight
+    fields = nxt.__dict__
+    fields.update(job.__dict__)
+    fields.update(step=entry.step, raw_state=raw, attempt=0, awaits=None,
+                  state=loads(raw) if raw is not None else job.state,
+                  rate_limit=entry.rate_limit, weight=entry.weight, inbox=inbox, children=children)
     if entry.set_key:
         nxt.concurrency_key = entry.new_key
-    nxt.inbox, nxt.children = list(inbox), list(children)
     return nxt
 
 

@@ -474,7 +474,7 @@ class Scheduler:
                         entry = self._timed(run, job, lambda: execute_timeout(job, task.timeout, task.elapsed))
                         self.flusher.submit(entry)
                     else:
-                        self.run_chain(job)
+                        self.run_chain(job, run)
                     submitted = True
                 except Abandoned:
                     # Abandoned: its slot, flush count and row were handed on by `abandon_overdue`.
@@ -757,14 +757,14 @@ class Scheduler:
         chain = getattr(job, "chain", None)
         return (chain[0], chain[1]) if chain else (time.monotonic(), 1)
 
-    def _submit(self, job, entry, allowed, steps):
+    def _submit(self, job, entry, allowed, started, steps):
         if entry.kind == "inline":
-            entry.chain = (self._chain_of(job)[0], steps + 1)
+            entry.chain = (started, steps + 1)
         else:
             self._yielded(job, entry, allowed, steps)
         self.flusher.submit(entry)
 
-    def run_chain(self, job) -> None:
+    def run_chain(self, job, run=None) -> None:
         """Run `job`'s step and hand its outcome to the flusher (one link of a chain).
 
         An inline continuation is not waited for: the thread goes on with other rows
@@ -776,7 +776,8 @@ class Scheduler:
         orphan must never reach it; a denial requeues the row through a plain Next. The
         chain yields after INLINE['MAX_STEPS'] steps or INLINE['MAX_SECONDS'], and when
         the worker stops. Called with one flusher.step_started() pending; returns having
-        submitted an outcome; raises with that one still pending.
+        submitted an outcome; raises with that one still pending. run: the step
+        thread's Run (looked up when not given).
         """
         started, steps = self._chain_of(job)
         if steps > 1:
@@ -784,10 +785,11 @@ class Scheduler:
                 return self._requeue(job, steps - 1)
             self._continued(job, steps - 1)
         allowed = self._may_inline(started, steps)
-        run = self._runs.get(threading.current_thread())
+        if run is None:
+            run = self._runs.get(threading.current_thread())
         entry = (execute(job, inline=allowed) if run is None  # not on a step thread (tests)
                  else self._timed(run, job, lambda: execute(job, inline=allowed)))
-        self._submit(job, entry, allowed, steps)
+        self._submit(job, entry, allowed, started, steps)
 
     async def arun_chain(self, job) -> None:
         """`run_chain` for `async def` steps, on the event loop: same order, same guard.
@@ -805,7 +807,7 @@ class Scheduler:
             entry = await aexecute(job, inline=allowed)
         else:  # a continuation into a sync step: Django's shared sync thread runs it
             entry = await sync_to_async(execute)(job, inline=allowed)
-        self._submit(job, entry, allowed, steps)
+        self._submit(job, entry, allowed, started, steps)
 
     def continue_chains(self, entries, committed) -> None:
         """The flush of inline `entries` ended (called by the flusher's on_commit with
@@ -819,28 +821,33 @@ class Scheduler:
         requeue = []
         with self._lock:
             now = time.monotonic()
+            in_flight, front = self.in_flight, self.buffer.appendleft
+            stopping = self._stop.is_set()
+            continued = any_async = 0
             for entry in entries:
-                job = self.in_flight.get(entry.id)
+                job = in_flight.get(entry.id)
                 if job is None:
                     continue
                 if entry.id not in committed:
-                    del self.in_flight[entry.id]
+                    del in_flight[entry.id]
                     self._wake.set()
                     continue
-                self.completed += 1
                 nxt = continuation(job, entry)
-                nxt.chain = (entry.chain[0], entry.chain[1], entry.from_step)
                 # The commit just proved the row ours (the flush is guarded by
                 # locked_by), as a claim does: no re-check before it starts (`_owned`).
-                nxt.checked, nxt.rechecked = now, False
-                if self._stop.is_set():
+                nxt.__dict__.update(chain=(entry.chain[0], entry.chain[1], entry.from_step), checked=now,
+                                    rechecked=False)
+                continued += 1
+                if stopping:
                     requeue.append((entry, nxt))
                     continue
                 nxt.is_async = is_async(nxt)
-                self._async_buffered = self._async_buffered or nxt.is_async
-                self.in_flight[entry.id] = nxt
-                self.buffer.appendleft(nxt)
-                self._continuations += 1
+                any_async = any_async or nxt.is_async
+                in_flight[entry.id] = nxt
+                front(nxt)
+            self.completed += continued
+            self._continuations += continued - len(requeue)
+            self._async_buffered = self._async_buffered or bool(any_async)
             self._dispatch_locked()
         for entry, nxt in requeue:
             telemetry.emit("inline.yield", {"steps": entry.chain[1] - 1},

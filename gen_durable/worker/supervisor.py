@@ -123,20 +123,27 @@ class Supervisor:
                 sched.settle(ids, completed=completed)
 
     def _on_commit(self, result, entries):
+        # One pass over the batch (it runs on the flusher thread after every flush).
         # An inline entry's row is still ours: its next step goes back to its scheduler
         # (or, if the commit was stale, the row leaves our hands).
-        self._settle([e for e in entries if e.kind != "inline"])
-        inline: dict = {}
+        settled, inline, poke = [], {}, False
+        committed, schedulers = result.committed, self.schedulers
         for e in entries:
-            if e.kind == "inline" and e.queue in self.schedulers:
-                inline.setdefault(e.queue, []).append(e)
+            kind = e.kind
+            if kind == "inline":
+                if e.queue in schedulers:
+                    inline.setdefault(e.queue, []).append(e)
+                continue
+            settled.append(e)
+            # This flush may have armed a deadline earlier than the timer's next one.
+            if not poke and ((kind == "retry" and e.delay > 0) or (kind == "await" and e.timeout is not None)):
+                poke = e.id in committed
+        self._settle(settled)
         for queue, chained in inline.items():
-            self.schedulers[queue].continue_chains(chained, result.committed)
+            schedulers[queue].continue_chains(chained, committed)
         for q in result.woken:
             self._wake(q)
-        # This flush may have armed a deadline earlier than the timer's next one.
-        if any((e.kind == "retry" and e.delay > 0) or (e.kind == "await" and e.timeout is not None)
-               for e in entries if e.id in result.committed):
+        if poke:
             self._poke_timer()
 
     def _on_failure(self, entries):
