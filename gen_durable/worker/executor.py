@@ -455,28 +455,25 @@ def to_entry(outcome, cls, job: Claimed, *, consumed, presented, inline=False) -
     inline: whether a Next may become an inline continuation (see `inline_kind`).
     """
     if isinstance(outcome, Next):
-        # Every step of a chain ends here: the checks that have nothing to check are
-        # skipped, and the Entry is built in one call (no shared dict of common fields).
+        # Every step of a chain ends here: the Entry is built in one call (no shared
+        # dict of common fields unpacked into it).
         step = outcome.step
-        if step not in cls.steps:
-            _check_step(cls, step, outcome)
-        if outcome.rate_limit is not None:
-            _check_rate(outcome, cls, job)
+        _check_step(cls, step, outcome)
+        _check_rate(outcome, cls, job)
         key = outcome.concurrency_key
         set_key = key is not KEEP
         wanted, kind = inline_kind(outcome, cls, job, inline)
-        state = outcome.state
         return Entry(id=job.id, worker=job.worker, kind=kind, step=step,
-                     state=None if state is KEEP else _state(state, cls, job),
-                     set_key=set_key, new_key=key if set_key else None,
+                     state=_state(outcome.state, cls, job), set_key=set_key, new_key=key if set_key else None,
                      rate_limit=outcome.rate_limit, weight=float(outcome.weight),
                      consumed=consumed, wanted_inline=wanted, fsm=job.fsm, from_step=job.step,
                      queue=job.queue,
                      # inline: the held slot goes on with the chain; credited when it ends
                      slot=None if kind == "inline" else job.slot)
-    if type(outcome) is Done:  # a job's outcome: before the isinstance chain below
+    if isinstance(outcome, Done):  # a job's outcome: second, and built in one call like a Next's
         return Entry(id=job.id, worker=job.worker, kind="done",
-                     result=encode(outcome.result, f"result of {cls.name}#{job.id}", get_settings().MAX_PAYLOAD_BYTES),
+                     result=encode(outcome.result, f"result of {cls.name}#{job.id}",
+                                   get_settings().MAX_PAYLOAD_BYTES),
                      fsm=job.fsm, from_step=job.step, queue=job.queue, slot=job.slot)
     base = dict(id=job.id, worker=job.worker, fsm=job.fsm, from_step=job.step, queue=job.queue, slot=job.slot)
     if isinstance(outcome, Retry):
@@ -493,9 +490,6 @@ def to_entry(outcome, cls, job: Claimed, *, consumed, presented, inline=False) -
         children = [build_row(c.machine, **c.kwargs) for c in outcome.children]
         return Entry(kind="schedule", step=outcome.next, state=_state(outcome.state, cls, job),
                      children=children, consumed=consumed, **base)
-    if isinstance(outcome, Done):
-        return Entry(kind="done", result=encode(outcome.result, f"result of {cls.name}#{job.id}",
-                                                get_settings().MAX_PAYLOAD_BYTES), **base)
     if isinstance(outcome, Stop):
         return Entry(kind="stop", error=outcome.reason, **base)
     raise InvalidOutcome(f"{cls.name}.{job.step} returned {outcome!r}, which is not an outcome "

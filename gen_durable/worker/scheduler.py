@@ -835,8 +835,8 @@ class Scheduler:
                 nxt = continuation(job, entry)
                 # The commit just proved the row ours (the flush is guarded by
                 # locked_by), as a claim does: no re-check before it starts (`_owned`).
-                nxt.__dict__.update(chain=(entry.chain[0], entry.chain[1], entry.from_step), checked=now,
-                                    rechecked=False)
+                nxt.chain = (entry.chain[0], entry.chain[1], entry.from_step)
+                nxt.checked, nxt.rechecked = now, False
                 continued += 1
                 if stopping:
                     requeue.append((entry, nxt))

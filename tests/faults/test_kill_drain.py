@@ -50,12 +50,13 @@ def test_kill_9_of_random_children_during_a_three_step_drain(committed, host, qu
     assert set(by_step) == {(i, s) for i in ids for s in STEPS}  # every step ran
     for (id_, step), done in by_step.items():
         # Re-runs only for steps in flight at a kill: every run but the last was cut off
-        # by a kill (its process is one we killed, and it had not logged its end before
-        # the kill, or its outcome was not yet committed).
+        # by a kill — its process is one we killed (it had not logged its end, or its
+        # outcome was not yet committed). Which process, not when: a killed process
+        # logs nothing after its death.
         *cut, last = done
         assert last[2] is not None, (id_, step, done)
-        for pid, start, end in cut:
-            assert pid in killed and start < killed[pid], (id_, step, done)
+        for pid, _start, _end in cut:
+            assert pid in killed, (id_, step, done)
         # Never two runs of one step at once (a re-run starts after its process died).
         assert not side.overlaps([(s, e, p) for p, s, e in done]), (id_, step, done)
     # K=1: never two instances of one key running at once.
