@@ -15,7 +15,9 @@ Prints the median and min–max of µs per unit over ``runs`` runs:
 - chain step: a step of `shop.InlinePipeline` that returns `Next(state=...)`, as a
   continued step of an inline chain (its admission check, the chain bound, the inline
   entry);
-- continuation: building the next claim from a committed inline entry.
+- continuation: building the next claim from a committed inline entry;
+- continue_chains: the flusher's hand-back of one committed inline entry
+  (`Scheduler.continue_chains`: the continuation, its async check, the buffer).
 
 Compare two checkouts by running this script from each (PYTHONPATH=<checkout>).
 """
@@ -107,12 +109,33 @@ def continuations(n) -> float:
     return (time.perf_counter() - started) / n * 1e6
 
 
+def continue_chains(n) -> float:
+    """µs per entry of `Scheduler.continue_chains` over one flush's committed inline
+    entries (batches of 500): the continuation, its async check, the buffer."""
+    sched = Scheduler("default", 1, worker_id="bench-worker", prefix="bench-", flusher=CountingFlusher(n),
+                      limiter=get_limiter(None), settings=get_settings())
+    sched._stop_steps = True  # nothing is dispatched: only the hand-back is timed
+    jobs = [claim(i, "shop.InlinePipeline", "parse", {"n": i}, chain=(0.0, 1, "x")) for i in range(n)]
+    entries = [executor.execute(j, inline=True) for j in jobs]
+    for e in entries:
+        e.inputs, e.chain = ((), ()), (0.0, 2)
+    sched.in_flight = {j.id: j for j in jobs}
+    elapsed = 0.0
+    for i in range(0, n, 500):
+        batch = entries[i:i + 500]
+        committed = {e.id: "executing" for e in batch}
+        started = time.perf_counter()
+        sched.continue_chains(batch, committed)
+        elapsed += time.perf_counter() - started
+    return elapsed / n * 1e6
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=30_000, help="steps per run")
     ap.add_argument("--runs", type=int, default=7)
     args = ap.parse_args()
-    results = {"job step": [], "chain step": [], "continuation": []}
+    results = {"job step": [], "chain step": [], "continuation": [], "continue_chains": []}
     for _ in range(args.runs):
         results["job step"].append(step_thread([claim(i, "shop.noop", "perform", {"n": i})
                                                 for i in range(args.n)]))
@@ -123,6 +146,7 @@ def main():
                                                         {"n": i, "value": 2 * i}, chain=(now, 2, "validate"))
                                                   for i in range(args.n)]))
         results["continuation"].append(continuations(args.n))
+        results["continue_chains"].append(continue_chains(args.n))
     print(f"{'unit':14s} {'median µs':>10s} {'min–max':>15s}   ({args.runs} runs of {args.n:,})")
     for name, xs in results.items():
         print(f"{name:14s} {statistics.median(xs):10.2f} {min(xs):7.2f}–{max(xs):<7.2f}")

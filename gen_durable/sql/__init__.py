@@ -11,7 +11,13 @@ _DIR = Path(__file__).parent
 
 
 def _load(name: str) -> str:
-    return (_DIR / f"{name}.sql").read_text()
+    """The statement as sent: its first line (the name, which pg_stat_statements and
+    logs show) and its SQL, without the header's other comment lines or indentation.
+    psycopg parses the placeholders of a query up to 4,096 bytes once and caches the
+    result; a longer text is parsed again on every execution (the flush's was)."""
+    lines = (_DIR / f"{name}.sql").read_text().splitlines()
+    body = (line.strip() for line in lines[1:])
+    return "\n".join([lines[0], *(line for line in body if line and not line.startswith("--"))]) + "\n"
 
 
 INSERT = _load("insert")

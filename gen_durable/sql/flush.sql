@@ -9,11 +9,21 @@
 --   NULL: the attempt's record for rows that keep an attempt_log — Django tasks);
 --   c_target bigint[], c_id bigint[]: the (owner, signal id) pairs a progressing
 --   outcome consumes (exactly the ids its step was handed);
---   lease float8: seconds an `inline` row's lease is extended by.
+--   lease float8: an `inline` row's lease: renewed to this many seconds when less than
+--   half of it is left; inline bigint[]: the ids of the `inline` outcomes.
 -- `inline` is a Next whose step runs at once in the same worker (inline continuation):
 --   the same transition, but the row stays `executing` under the same claimant with its
---   lease extended and its gate slot (concurrency_shard) kept; the next step runs only
---   after this commit, so a crash re-runs it through the reaper, as after a requeue.
+--   gate slot (concurrency_shard) kept; the next step runs only after this commit, so a
+--   crash re-runs it through the reaper, as after a requeue. It changes no indexed
+--   column (lease, updated_at and eligible_at stay; see lease_expires_at below), so it
+--   is a HOT update where the page has room (the table's fillfactor leaves it).
+-- Returns a row per committed outcome (id, status, queue, parent_id), then a row per
+--   signal in the inbox of each committed `inline` row — what its next step starts
+--   with — (target id, NULL, NULL, NULL, signal id, name, payload, inserted_at): the
+--   inbox as of this statement, less what it consumed. A signal committing meanwhile is
+--   not lost; it waits in the inbox for a later step, as after a re-pick.
+-- One statement for a batch of plain outcomes: the worker runs it alone, outside an
+--   explicit transaction (it commits as it ends), when the batch needs nothing else.
 -- Notifies `gen_durable_result` once per flush with the ids that settled (done,
 -- failed or parked), so await_result in another process answers at once ('*' when the
 -- list would exceed NOTIFY's 8000-byte payload: every waiter re-reads).
@@ -49,6 +59,7 @@ WITH input AS MATERIALIZED (
                               ELSE 0 END,
         eligible_at = CASE i.kind WHEN 'retry' THEN now() + make_interval(secs => i.delay)
                                   WHEN 'done' THEN g.eligible_at WHEN 'stop' THEN g.eligible_at
+                                  WHEN 'inline' THEN g.eligible_at
                                   ELSE now() END,
         awaits = CASE i.kind WHEN 'await' THEN ARRAY(SELECT jsonb_array_elements_text(i.awaits::jsonb))
                              WHEN 'retry' THEN g.awaits END,
@@ -68,9 +79,14 @@ WITH input AS MATERIALIZED (
                                 i.detail::jsonb || jsonb_build_object('worker_id', g.locked_by,
                                                                       'started_at', g.updated_at)) END,
         locked_by = CASE WHEN i.kind = 'inline' THEN g.locked_by END,
-        lease_expires_at = CASE WHEN i.kind = 'inline'
-                                THEN now() + make_interval(secs => %(lease)s::float8) END,
-        updated_at = now()
+        -- An inline row keeps its lease while at least half of it is left (the
+        -- heartbeat renews it like every held row) and its updated_at (the claim):
+        -- no indexed column changes, so the transition is a HOT update.
+        lease_expires_at = CASE WHEN i.kind <> 'inline' THEN NULL
+                                WHEN g.lease_expires_at >= now() + make_interval(secs => %(lease)s::float8 / 2)
+                                THEN g.lease_expires_at
+                                ELSE now() + make_interval(secs => %(lease)s::float8) END,
+        updated_at = CASE WHEN i.kind = 'inline' THEN g.updated_at ELSE now() END
     FROM input i
     WHERE g.id = i.id AND g.locked_by = i.worker AND g.status = i.claimed
     RETURNING g.id, g.status, g.queue, g.parent_id
@@ -93,5 +109,13 @@ WITH input AS MATERIALIZED (
           WHERE status IN ('done', 'failed', 'awaiting_signal', 'awaiting_children')) s
     WHERE ids IS NOT NULL
 )
-SELECT upd.id, upd.status::text, upd.queue, upd.parent_id
+SELECT upd.id, upd.status::text, upd.queue, upd.parent_id,
+       NULL::bigint, NULL::text, NULL::text, NULL::timestamptz
 FROM upd CROSS JOIN (SELECT count(*) FROM settled) n
+UNION ALL
+-- The inboxes of the rows that continue inline (index: gen_durable_signals_target).
+SELECT s.target_id, NULL, NULL, NULL, s.id, s.name, s.payload::text, s.inserted_at
+FROM gen_durable_signals s
+WHERE s.target_id = ANY (%(inline)s::bigint[])
+  AND s.target_id IN (SELECT id FROM upd WHERE status = 'executing')
+  AND s.id NOT IN (SELECT id FROM consumed)

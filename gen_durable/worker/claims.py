@@ -208,9 +208,17 @@ def load_inputs(ids, using=None) -> dict:
     param = {"ids": db.pg_array(ids)}
     for target_id, sid, name, payload, at in db.fetchall(sql.LOAD_SIGNALS, param, using):
         out.setdefault(target_id, ([], []))[0].append(Signal(sid, name, loads(payload), at))
-    for parent_id, cid, fsm, status, state, result, last_error in db.fetchall(sql.LOAD_CHILDREN, param, using):
-        out.setdefault(parent_id, ([], []))[1].append(ChildRow(cid, fsm, status, loads(state), loads(result),
-                                                             last_error))
+    for parent_id, kids in load_children(ids, using).items():
+        out.setdefault(parent_id, ([], []))[1].extend(kids)
+    return out
+
+
+def load_children(ids, using=None) -> dict:
+    """parent id -> its children rows, in id order, for the `ids` that have any: one statement."""
+    out: dict = {}
+    for parent_id, cid, fsm, status, state, result, last_error in db.fetchall(
+            sql.LOAD_CHILDREN, {"ids": db.pg_array(ids)}, using):
+        out.setdefault(parent_id, []).append(ChildRow(cid, fsm, status, loads(state), loads(result), last_error))
     return out
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import socket
 import threading
 import time
@@ -164,6 +165,21 @@ class Watch:
         if self.relaxed_commit:
             pairs.append(("synchronous_commit", "off"))
         _set_local(conn, pairs)
+
+
+def untouched(using=None) -> bool:
+    """Whether this thread's connection is open and the server has sent nothing on it
+    since its last answer. A server that closed it (pg_terminate_backend,
+    idle_session_timeout, a shutdown) sent an error and its end of the stream, which
+    makes the socket readable: one non-blocking poll, no round trip."""
+    conn = db.connection(using).connection
+    if conn is None or conn.closed:
+        return False
+    try:
+        readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    except (OSError, ValueError):  # a socket already gone
+        return False
+    return not readable
 
 
 @contextmanager

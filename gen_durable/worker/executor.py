@@ -62,6 +62,7 @@ class Entry:
     presented: tuple = ()
     children: list = field(default_factory=list)
     detail: str | None = None  # JSON record appended to attempt_log (machines that keep one)
+    parent_id: int | None = None  # the row's parent: its terminal outcome joins the parent (same transaction)
     # for telemetry and the limiter
     fsm: str = ""
     from_step: str = ""
@@ -69,6 +70,7 @@ class Entry:
     slot: object = None
     wanted_inline: bool = False  # a Next that asked to continue inline (kind says whether it may)
     inputs: tuple = ((), ())  # inline: (inbox, children) the flush loaded for the next step
+    has_children: bool = False  # inline: the row has children (the flush loads them for the next step)
     chain: tuple = ()  # inline: (started, steps) of the chain the next step continues
 
 
@@ -81,7 +83,7 @@ def error_text(error: BaseException) -> str:
 
 def stop_entry(job: Claimed, reason: str) -> Entry:
     return Entry(id=job.id, worker=job.worker, kind="stop", error=reason, fsm=job.fsm,
-                 from_step=job.step, queue=job.queue, slot=job.slot)
+                 from_step=job.step, queue=job.queue, slot=job.slot, parent_id=job.parent_id)
 
 
 def execute(job: Claimed, *, inline: bool = False) -> Entry:
@@ -187,15 +189,16 @@ def _run(cls, job: Claimed, inline: bool = False) -> Entry:
 
 class StepWhere:
     """`step machine.step (instance id)`, for a log line or an error: rendered only when
-    one is written (not on every step)."""
+    one is written (not on every step). The step is read now: an inline continuation
+    turns the claim into its next step's (`continuation`)."""
 
-    __slots__ = ("name", "job")
+    __slots__ = ("name", "step", "id")
 
     def __init__(self, name, job):
-        self.name, self.job = name, job
+        self.name, self.step, self.id = name, job.step, job.id
 
     def __str__(self):
-        return f"step {self.name}.{self.job.step} (instance {self.job.id})"
+        return f"step {self.name}.{self.step} (instance {self.id})"
 
 
 def _handled(machine, cls, job: Claimed, ctx: Context, error: BaseException, inline: bool = False,
@@ -467,15 +470,16 @@ def to_entry(outcome, cls, job: Claimed, *, consumed, presented, inline=False) -
                      state=_state(outcome.state, cls, job), set_key=set_key, new_key=key if set_key else None,
                      rate_limit=outcome.rate_limit, weight=float(outcome.weight),
                      consumed=consumed, wanted_inline=wanted, fsm=job.fsm, from_step=job.step,
-                     queue=job.queue,
+                     queue=job.queue, has_children=bool(job.children), parent_id=job.parent_id,
                      # inline: the held slot goes on with the chain; credited when it ends
                      slot=None if kind == "inline" else job.slot)
     if isinstance(outcome, Done):  # a job's outcome: second, and built in one call like a Next's
         return Entry(id=job.id, worker=job.worker, kind="done",
                      result=encode(outcome.result, f"result of {cls.name}#{job.id}",
                                    get_settings().MAX_PAYLOAD_BYTES),
-                     fsm=job.fsm, from_step=job.step, queue=job.queue, slot=job.slot)
-    base = dict(id=job.id, worker=job.worker, fsm=job.fsm, from_step=job.step, queue=job.queue, slot=job.slot)
+                     fsm=job.fsm, from_step=job.step, queue=job.queue, slot=job.slot, parent_id=job.parent_id)
+    base = dict(id=job.id, worker=job.worker, fsm=job.fsm, from_step=job.step, queue=job.queue, slot=job.slot,
+                parent_id=job.parent_id)
     if isinstance(outcome, Retry):
         return Entry(kind="retry", state=_state(outcome.state, cls, job),
                      delay=outcome.delay, **base)
@@ -497,36 +501,40 @@ def to_entry(outcome, cls, job: Claimed, *, consumed, presented, inline=False) -
 
 
 def continuation(job: Claimed, entry: Entry) -> Claimed:
-    """The claim of the step an inline `entry` (committed) continues with.
+    """Turn `job`, whose inline `entry` committed, into the claim of the step it
+    continues with, in place, and return it.
 
     The row as the commit left it — a requeue and re-pick would have given the same:
     the committed state, attempt 0, no awaits, the new rate limit and key, and the inbox
     and children the flush loaded right after the commit (`entry.inputs`). The gate
     slot stays held.
+
+    In place: once its inline entry is submitted, nothing reads the claim of the step
+    that produced it — the step has returned (an abandoned step's outcome is dropped,
+    never committed), and its instance is held by this claim alone — so the next step
+    reuses the object instead of copying its ~30 fields (a tenth of a continued step's
+    Python, docs/performance.md). Attributes the scheduler keeps on the claim
+    (is_async, chain, checked) are set again by continue_chains. The inbox and children
+    lists are the flush's own (or its shared empty tuples): nothing appends to a
+    claim's inputs (the step gets copies in its Context).
     """
     raw = entry.state if entry.state is not None else job.raw_state
-    inbox, children = entry.inputs
-    # A copy of the claim with the committed step's fields: built from the instance
-    # dict, as dataclasses.replace (which re-runs __init__ over every field) cost a
-    # tenth of an inline step's Python time (docs/performance.md). Attributes the
-    # scheduler set on the claim (is_async, chain) are set again by continue_chains.
-    # The inbox and children lists are the flush's own (or its shared empty tuples):
-    # nothing appends to a claim's inputs (the step gets copies in its Context).
-    nxt = object.__new__(Claimed)
-    fields = nxt.__dict__
-    fields.update(job.__dict__)
-    fields.update(step=entry.step, raw_state=raw, attempt=0, awaits=None,
-                  state=loads(raw) if raw is not None else job.state,
-                  rate_limit=entry.rate_limit, weight=entry.weight, inbox=inbox, children=children)
+    # The state is decoded again even when the step kept it: the step may have mutated
+    # ctx.state (the claim's own object) before returning.
+    job.state = loads(raw) if raw is not None else job.state
+    job.inbox, job.children = entry.inputs
+    job.step, job.raw_state, job.attempt, job.awaits = entry.step, raw, 0, None
+    job.rate_limit, job.weight = entry.rate_limit, entry.weight
     if entry.set_key:
-        nxt.concurrency_key = entry.new_key
-    return nxt
+        job.concurrency_key = entry.new_key
+    return job
 
 
 def requeue_entry(job: Claimed) -> Entry:
     """A plain Next into `job`'s own (already committed) step: back to the pick."""
     return Entry(id=job.id, worker=job.worker, kind="next", step=job.step, rate_limit=job.rate_limit,
-                 weight=float(job.weight), fsm=job.fsm, from_step=job.step, queue=job.queue, slot=job.slot)
+                 weight=float(job.weight), fsm=job.fsm, from_step=job.step, queue=job.queue, slot=job.slot,
+                 parent_id=job.parent_id)
 
 
 __all__ = ["Entry", "Row", "StepWhere", "aexecute", "continuation", "execute", "execute_timeout", "is_async",

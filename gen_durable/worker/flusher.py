@@ -1,10 +1,12 @@
 """Internal: group commit of step outcomes (docs/design.md#outcomes, docs/design.md#decisions).
 
-`flush(entries)` applies a batch in ONE transaction with a bounded number of
-statements: flush.sql (every transition, consume and purge riders) and, only when the
-batch needs them, park_recheck.sql (Await), insert_all.sql + spawn_park.sql
-(ScheduleChildren) and join_parents.sql (terminal children). A plain batch of Next
-outcomes is one statement whatever its size.
+`flush(entries)` applies a batch atomically with a bounded number of statements:
+flush.sql (every transition, consume and purge riders, and the inboxes of rows that
+continue inline) and, only when the batch needs them, park_recheck.sql (Await),
+insert_all.sql + spawn_park.sql (ScheduleChildren), join_parents.sql (terminal
+children) and load_children.sql (inline rows with children), in one transaction. A
+plain batch is one statement whatever its size; on a connection in use it runs alone,
+without BEGIN and COMMIT — one round trip per flush.
 
 `Flusher` is the thread that workers hand entries to. It flushes at once when nothing
 is in flight; entries that arrive during a flush form the next batch (group commit).
@@ -26,8 +28,9 @@ from django.db import DatabaseError, reset_queries
 
 from .. import db, sql, telemetry
 from ..calls import Batch, insert_rows
-from .claims import load_inputs
-from ..codec import clean_text
+from .claims import load_children
+from ..codec import clean_text, loads
+from ..machine import Signal
 from ..conf import get_settings
 from . import connections
 
@@ -39,6 +42,11 @@ DEFER_DELAY = 0.5  # seconds before an outcome blocked by another session's lock
 _FREE_ROWS = "SELECT id FROM gen_durable WHERE id = ANY (%(ids)s::bigint[]) ORDER BY id FOR NO KEY UPDATE SKIP LOCKED"
 NO_INPUTS = ((), ())  # (inbox, children) of a continued row that has neither
 COMMIT_TIMEOUT = 30.0  # seconds a worker waits for its flush (the lease is the real floor)
+# Seconds since its last answer within which the flush connection is taken to be up
+# (when the server has sent nothing on it since): a batch that needs one statement then
+# runs it without BEGIN/COMMIT (`flush`, `alone`). Under load flushes follow each other
+# within milliseconds; after a pause the first flush starts with BEGIN.
+FRESH_CONNECTION = 1.0
 
 
 @dataclass
@@ -63,86 +71,121 @@ def _arrays(entries):
         "c_target": arr([e.id for e in entries for _ in e.consumed]),
         "c_id": arr([sid for e in entries for sid in e.consumed]),
         "lease": float(get_settings().LEASE_TTL),
+        "inline": arr([e.id for e in entries if e.kind == "inline"]),
     }
 
 
-def flush(entries, using=None, limiter=None) -> FlushResult:
-    """Commit `entries` (len ≤ FLUSH.MAX_BATCH) in one transaction; return what committed.
+def needs_transaction(entries, limiter=None) -> bool:
+    """Whether flushing `entries` takes more than flush.sql: an Await (its re-check), a
+    ScheduleChildren (the spawn), a child's terminal outcome (its parent's join), a gate
+    slot to credit in the same transaction, or a row continuing inline with children
+    (their load) — each a statement after flush.sql, in its transaction."""
+    transactional = limiter is not None and limiter.transactional
+    for e in entries:
+        kind = e.kind
+        if kind == "inline":
+            if e.has_children:
+                return True
+        elif kind == "await" or kind == "schedule":
+            return True
+        elif e.parent_id is not None and (kind == "done" or kind == "stop"):
+            return True
+        if transactional and e.slot is not None:
+            return True
+    return False
+
+
+def flush(entries, using=None, limiter=None, alone=False) -> FlushResult:
+    """Commit `entries` (len ≤ FLUSH.MAX_BATCH) atomically; return what committed.
 
     An "inline" entry (a Next continuing in the same worker) is part of the same
-    statement: its row stays `executing` (committed status "executing") with the lease
-    extended by LEASE_TTL and its gate slot kept.
+    statement: its row stays `executing` (committed status "executing") under the same
+    claim, its gate slot kept, its lease renewed when less than half is left, and the
+    statement returns the inbox its next step starts with (set on `entry.inputs`).
 
-    Statements: 1 for plain Next/Retry/Done/Stop batches; +2 when any inline entry
-    commits (the inbox and children its next step starts with, set on `entry.inputs`);
-    +1 when any Await parks
-    (the recheck), +2 when any ScheduleChildren spawns, +1 when any terminal child
-    joins its parent, +1 when a committed row held a gate slot and `limiter` is
-    transactional (Postgres: the credit commits with the outcomes, so the counters
-    never disagree with the executing rows; other limiters are credited after the
-    commit). Raises DatabaseError when the transaction
-    fails (nothing commits).
+    Statements: 1 for a batch of plain Next/Retry/Done/Stop/inline outcomes (+ BEGIN
+    and COMMIT — or, with `alone`, none: the one statement runs in autocommit and
+    commits as it ends); +1 when any Await parks (the recheck), +2 when any
+    ScheduleChildren spawns, +1 when any terminal child joins its parent, +1 when a
+    continuing row has children (theirs), +1 when a committed row held a gate slot and
+    `limiter` is transactional (Postgres: the credit commits with the outcomes, so the
+    counters never disagree with the executing rows; other limiters are credited after
+    the commit) — those batches always take a transaction (`needs_transaction`).
+
+    alone: the caller used this connection moments ago (the Flusher, under load). A
+    connection lost during a lone statement leaves its outcome in doubt (it may have
+    committed), so a connection that sat idle — and may have been dropped meanwhile —
+    starts with a BEGIN, whose failure proves nothing was sent.
+
+    Raises DatabaseError when it fails (nothing commits), CommitInDoubt when the
+    connection was lost after the outcome may have been committed.
     """
     entries = sorted(entries, key=lambda e: e.id)
     result = FlushResult()
     if not entries:
         return result
-    body_done = False
-    try:
-        with connections.engine_transaction(using):
+    # Alone only in autocommit: inside a caller's transaction (tests, drain()) the
+    # statement would be part of it, and its failure would abort it.
+    if alone and not needs_transaction(entries, limiter) and not db.connection(using).in_atomic_block:
+        try:
             rows = db.fetchall(sql.FLUSH, _arrays(entries), using)
-            parents = Counter()
-            for id_, status, queue, parent_id in rows:
-                result.committed[id_] = status
-                if parent_id is not None and status in ("done", "failed"):
-                    parents[parent_id] += 1
-            ok = [e for e in entries if e.id in result.committed]
-            if limiter is not None and limiter.transactional:
-                slots = [e.slot for e in ok if e.slot is not None]
-                if slots:
-                    limiter.credit(slots)
-            parked = [e for e in ok if e.kind == "await"]
-            if parked:
-                rows = db.fetchall(sql.PARK_RECHECK, {
-                    "id": db.pg_array([e.id for e in parked]),
-                    "p_target": db.pg_array([e.id for e in parked for _ in e.presented]),
-                    "p_id": db.pg_array([sid for e in parked for sid in e.presented]),
-                }, using)
-                for id_, queue in rows:
-                    result.committed[id_] = "runnable"
-                    result.woken.add(queue)
-            spawning = [e for e in ok if e.kind == "schedule"]
-            if spawning:
-                kids = [row for e in spawning for row in e.children]
-                owners = [e.id for e in spawning for _ in e.children]
-                ids = insert_rows(Batch.of(kids), parent_ids=owners, using=using)
-                landed = Counter(owner for owner, id_ in zip(owners, ids) if id_ is not None)
-                rows = db.fetchall(sql.SPAWN_PARK, {"id": db.pg_array([e.id for e in spawning]),
-                                                    "n": db.pg_array([landed[e.id] for e in spawning])}, using)
-                for id_, status, queue in rows:
-                    result.committed[id_] = status
-                    if status == "runnable":
+        except Exception as exc:
+            if db.is_connection_error(exc):
+                raise CommitInDoubt(f"connection lost during a flush statement: {exc}") from exc
+            raise
+        parents = _read_outcomes(rows, entries, result)
+        if parents:  # an entry that did not name its parent: join now, after the commit
+            logger.error("flush: %d terminal children committed without their parent's join in the same "
+                         "transaction; joining them now", sum(parents.values()))
+            _join_parents(parents, result, using)
+    else:
+        body_done = False
+        try:
+            with connections.engine_transaction(using):
+                parents = _read_outcomes(db.fetchall(sql.FLUSH, _arrays(entries), using), entries, result)
+                ok = [e for e in entries if e.id in result.committed]
+                if limiter is not None and limiter.transactional:
+                    slots = [e.slot for e in ok if e.slot is not None]
+                    if slots:
+                        limiter.credit(slots)
+                parked = [e for e in ok if e.kind == "await"]
+                if parked:
+                    rows = db.fetchall(sql.PARK_RECHECK, {
+                        "id": db.pg_array([e.id for e in parked]),
+                        "p_target": db.pg_array([e.id for e in parked for _ in e.presented]),
+                        "p_id": db.pg_array([sid for e in parked for sid in e.presented]),
+                    }, using)
+                    for id_, queue in rows:
+                        result.committed[id_] = "runnable"
                         result.woken.add(queue)
-            if parents:
-                ordered = sorted(parents)
-                rows = db.fetchall(sql.JOIN_PARENTS, {"parent_id": db.pg_array(ordered), "n": db.pg_array([parents[p] for p in ordered])}, using)
-                for id_, status, queue in rows:
-                    if status == "runnable":
-                        result.woken.add(queue)
-            continuing = [e for e in ok if e.kind == "inline"]
-            if continuing:
-                # The inputs of the steps that continue inline, loaded here for the whole
-                # batch (2 statements) rather than by each step thread on a connection of
-                # its own: step threads of inline chains stay off the database.
-                inputs = load_inputs([e.id for e in continuing], using)
-                for e in continuing:
-                    e.inputs = inputs.get(e.id, NO_INPUTS)
-            body_done = True
-    except Exception as exc:
-        if body_done and db.is_connection_error(exc):
-            # COMMIT was sent and no answer came: it may or may not have landed.
-            raise CommitInDoubt(f"connection lost during COMMIT: {exc}") from exc
-        raise
+                spawning = [e for e in ok if e.kind == "schedule"]
+                if spawning:
+                    kids = [row for e in spawning for row in e.children]
+                    owners = [e.id for e in spawning for _ in e.children]
+                    ids = insert_rows(Batch.of(kids), parent_ids=owners, using=using)
+                    landed = Counter(owner for owner, id_ in zip(owners, ids) if id_ is not None)
+                    rows = db.fetchall(sql.SPAWN_PARK, {"id": db.pg_array([e.id for e in spawning]),
+                                                        "n": db.pg_array([landed[e.id] for e in spawning])}, using)
+                    for id_, status, queue in rows:
+                        result.committed[id_] = status
+                        if status == "runnable":
+                            result.woken.add(queue)
+                if parents:
+                    _join_parents(parents, result, using)
+                # Children of the rows that continue inline (a row gets children only from
+                # its own ScheduleChildren, which parks it: only a chain claimed with
+                # children has any), loaded for their next steps in one statement.
+                with_children = {e.id: e for e in ok if e.kind == "inline" and e.has_children}
+                if with_children:
+                    for parent_id, kids in load_children(sorted(with_children), using).items():
+                        e = with_children[parent_id]
+                        e.inputs = (e.inputs[0], kids)
+                body_done = True
+        except Exception as exc:
+            if body_done and db.is_connection_error(exc):
+                # COMMIT was sent and no answer came: it may or may not have landed.
+                raise CommitInDoubt(f"connection lost during COMMIT: {exc}") from exc
+            raise
     if limiter is not None and not limiter.transactional:
         slots = [e.slot for e in entries if e.slot is not None and e.id in result.committed]
         if slots:
@@ -156,8 +199,38 @@ def flush(entries, using=None, limiter=None) -> FlushResult:
     return result
 
 
+def _read_outcomes(rows, entries, result) -> Counter:
+    """Fill `result.committed` and the inline entries' inputs from flush.sql's rows;
+    return the terminal children per parent (for join_parents.sql)."""
+    parents = Counter()
+    inboxes: dict = {}
+    committed = result.committed
+    for id_, status, queue, parent_id, sid, name, payload, at in rows:
+        if status is None:  # a signal in the inbox of a row that continues inline
+            inboxes.setdefault(id_, []).append(Signal(sid, name, loads(payload), at))
+            continue
+        committed[id_] = status
+        if parent_id is not None and (status == "done" or status == "failed"):
+            parents[parent_id] += 1
+    for e in entries:
+        if e.kind == "inline" and e.id in committed:
+            inbox = inboxes.get(e.id)
+            e.inputs = NO_INPUTS if inbox is None else (sorted(inbox, key=lambda sig: sig.id), ())
+    return parents
+
+
+def _join_parents(parents, result, using):
+    ordered = sorted(parents)
+    rows = db.fetchall(sql.JOIN_PARENTS, {"parent_id": db.pg_array(ordered),
+                                          "n": db.pg_array([parents[p] for p in ordered])}, using)
+    for id_, status, queue in rows:
+        if status == "runnable":
+            result.woken.add(queue)
+
+
 class CommitInDoubt(DatabaseError):
-    """The connection was lost after COMMIT was sent: the flush may have committed."""
+    """The connection was lost after COMMIT — or a lone flush statement, which commits as
+    it ends — was sent: the flush may have committed."""
 
 
 class FlushError(Exception):
@@ -182,6 +255,7 @@ class Flusher:
         self._pending: list[tuple] = []
         self._running = 0  # steps started but not yet submitted
         self._stopping = False
+        self._used = float("-inf")  # monotonic time the flush connection last answered
         self._thread = threading.Thread(target=self._loop, name="gd-flusher", daemon=True)
 
     def start(self):
@@ -251,6 +325,7 @@ class Flusher:
         connections.unbind()
 
     def _close(self):
+        self._used = float("-inf")  # a new connection: its first flush starts with BEGIN
         try:
             db.connection(self.using).close()
         except Exception:
@@ -268,7 +343,14 @@ class Flusher:
         delay = 0.0
         while True:
             try:
-                result = flush(entries, self.using, self.limiter)
+                # Under load the connection was just used and the server has said
+                # nothing since: a batch that needs only flush.sql runs it alone (one
+                # round trip; `flush`, `alone`). Otherwise a BEGIN goes first: a
+                # connection lost meanwhile fails there, and the flush is retried.
+                alone = (time.monotonic() - self._used < FRESH_CONNECTION
+                         and connections.untouched(self.using))
+                result = flush(entries, self.using, self.limiter, alone=alone)
+                self._used = time.monotonic()
                 break
             except CommitInDoubt as exc:
                 # Running it again could apply an outcome twice to a row our own feeder

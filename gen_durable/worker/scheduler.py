@@ -468,6 +468,7 @@ class Scheduler:
                     self._check_connections()
                 if task is None and not self._still_ours(job):
                     continue
+                where = StepWhere(job.fsm, job)  # before the step: a continuation reuses the claim
                 submitted = False
                 try:
                     if task is not None:
@@ -505,7 +506,7 @@ class Scheduler:
                     if not run.abandoned:
                         # The next step starts clean (`db.mark_step_thread`) whatever path this
                         # one took; then close_old_connections() over what this thread opened.
-                        db.discard_dangling(StepWhere(job.fsm, job))
+                        db.discard_dangling(where)
                         for c in db.thread_connections():
                             c.close_if_unusable_or_obsolete()
                     # A connection a step left in a transaction was replaced by a new wrapper
@@ -832,7 +833,7 @@ class Scheduler:
                     del in_flight[entry.id]
                     self._wake.set()
                     continue
-                nxt = continuation(job, entry)
+                nxt = continuation(job, entry)  # the same claim, now at the next step
                 # The commit just proved the row ours (the flush is guarded by
                 # locked_by), as a claim does: no re-check before it starts (`_owned`).
                 nxt.chain = (entry.chain[0], entry.chain[1], entry.from_step)
@@ -843,7 +844,6 @@ class Scheduler:
                     continue
                 nxt.is_async = is_async(nxt)
                 any_async = any_async or nxt.is_async
-                in_flight[entry.id] = nxt
                 front(nxt)
             self.completed += continued
             self._continuations += continued - len(requeue)

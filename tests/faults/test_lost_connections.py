@@ -129,3 +129,82 @@ def test_a_flush_blocked_by_another_sessions_lock_commits_the_rest(committed, en
         wait_until(lambda: statuses(queue_name) == {"done": 4, "executing": 1}, timeout=20,
                    what="the other outcomes committed while the lock is held")
     run_once_each([blocked] + others, log, queue_name, timeout=20)
+
+
+def _blocked_flush(queue, alone):
+    """Flush a Done for a row another session holds FOR UPDATE (so the statement waits),
+    on a thread of its own, and terminate that thread's session while it waits. Returns
+    the exception the flush raised and whether the outcome committed."""
+    import threading
+
+    from django.db import connections
+
+    from gen_durable.outcomes import Done
+    from gen_durable.worker import claims, executor
+    from gen_durable.worker.flusher import flush
+
+    gd.insert(Recorder, state={}, queue=queue)
+    (job,) = claims.pick(queue, 1, "doubt-worker", 60)
+    entry = executor.to_entry(Done({}), Recorder, job, consumed=(), presented=())
+    raised = []
+
+    def run():
+        try:
+            with connection.cursor() as cur:  # this thread's connection, used just now
+                cur.execute("SELECT set_config('application_name', 'doubt-flusher', false)")
+            flush([entry], alone=alone)
+        except Exception as exc:  # noqa: BLE001 - the test reads it
+            raised.append(exc)
+        finally:
+            connections.close_all()
+
+    with other_session() as other:
+        other.execute("SELECT id FROM gen_durable WHERE id = %s FOR UPDATE", [job.id])
+        thread = threading.Thread(target=run)
+        thread.start()
+        wait_until(lambda: _waiting_on_a_lock("doubt-flusher"), what="the flush waiting on the row lock")
+        assert terminate("AND application_name = 'doubt-flusher'") == 1
+        thread.join(10)
+    return (raised[0] if raised else None), Instance.objects.get(id=job.id).status
+
+
+def _waiting_on_a_lock(application_name):
+    with connection.cursor() as cur:
+        cur.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "
+                    "AND wait_event_type = 'Lock'", [application_name])
+        return cur.fetchone()[0] == 1
+
+
+def test_a_connection_lost_during_a_lone_flush_statement_leaves_it_in_doubt(committed, queue_name):
+    """Run alone (no BEGIN), the flush statement is its own commit: lost mid-way, it may
+    have committed, so it is reported in doubt (not replayed; the lease settles it)."""
+    from gen_durable.worker.flusher import CommitInDoubt
+
+    exc, status = _blocked_flush(queue_name, alone=True)
+    assert isinstance(exc, CommitInDoubt), repr(exc)
+    assert status == "executing"
+
+
+def test_control_lost_inside_a_transaction_before_commit_is_a_plain_retryable_error(committed, queue_name):
+    """The same loss with BEGIN first is before COMMIT: nothing committed, and the
+    error is the connection's own (the Flusher retries it on a new connection)."""
+    from gen_durable import db
+    from gen_durable.worker.flusher import CommitInDoubt
+
+    exc, status = _blocked_flush(queue_name, alone=False)
+    assert exc is not None and not isinstance(exc, CommitInDoubt) and db.is_transient_error(exc), repr(exc)
+    assert status == "executing"
+
+
+def test_a_connection_the_server_closed_is_not_untouched(committed):
+    """`connections.untouched`: the flusher's check before a lone statement. A session
+    the server terminated has sent its error and closed: the socket reads, no round trip."""
+    from gen_durable.worker import connections as engine_connections
+
+    with connection.cursor() as cur:
+        cur.execute("SELECT set_config('application_name', 'untouched-probe', false)")
+    assert engine_connections.untouched()
+    with other_session() as other:
+        other.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'untouched-probe'")
+    wait_until(lambda: not engine_connections.untouched(), timeout=5, what="the closed socket to read")
+    connection.close()

@@ -10,13 +10,15 @@ import os
 import signal
 import time
 from collections import Counter
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test import override_settings
 
 import gen_durable as gd
+from gen_durable.conf import get_settings
 from gen_durable.limiter import Admission, Limiter
 from gen_durable.models import Instance
 from gen_durable.outcomes import Next
@@ -77,13 +79,14 @@ def use_limiter(sup, limiter):
 
 def test_inline_flush_keeps_the_claim_and_loads_the_next_inputs_in_bounded_statements(
         committed, django_assert_num_queries, queue_name):
-    """The flush of N inline outcomes: the guarded UPDATE plus one batched load each of the
-    inboxes and children the next steps start with — 3 statements for any N."""
-    for n in (2, 40):
+    """The flush of N inline outcomes of rows without children: one statement for any N,
+    the guarded UPDATE returning the inboxes the next steps start with (with children,
+    see the next test); with `alone` it is the only round trip (no BEGIN, no COMMIT)."""
+    for n, alone in ((2, False), (40, False), (3, True)):
         q = f"{queue_name}_{n}"
         gd.insert_all([gd.Spec(InlineChain, queue=q) for _ in range(n)])
         jobs = claims.pick(q, n, WORKER, 60)
-        with connection.cursor() as cur:  # shorten the lease: the flush must extend it
+        with connection.cursor() as cur:  # less than half the lease left: the flush must extend it
             cur.execute("UPDATE gen_durable SET lease_expires_at = now() + interval '1 second' WHERE queue = %s", [q])
         handed = gd.signal(jobs[0].id, "x", {"v": 1})
         later = gd.signal(jobs[0].id, "y", {"v": 2})
@@ -91,9 +94,9 @@ def test_inline_flush_keeps_the_claim_and_loads_the_next_inputs_in_bounded_state
         entries = [executor.to_entry(Next("b", state={"k": 1}, rate_limit="r"), InlineChain, j, consumed=(
             (handed,) if j is jobs[0] else ()), presented=(), inline=True) for j in jobs]
         assert {e.kind for e in entries} == {"inline"}
-        with django_assert_num_queries(5) as captured:  # BEGIN, flush, inboxes, children, COMMIT
-            result = flush(entries)
-        assert len(statements(captured)) == 3
+        with django_assert_num_queries(1 if alone else 3) as captured:  # [BEGIN,] flush[, COMMIT]
+            result = flush(entries, alone=alone)
+        assert len(statements(captured)) == 1
         assert set(result.committed.values()) == {"executing"} and result.stale == []
         with connection.cursor() as cur:
             cur.execute("SELECT DISTINCT status::text, step, state, locked_by, attempt, rate_limit, "
@@ -102,10 +105,77 @@ def test_inline_flush_keeps_the_claim_and_loads_the_next_inputs_in_bounded_state
             cur.execute("SELECT id FROM gen_durable_signals WHERE target_id = %s", [jobs[0].id])
             assert cur.fetchall() == [(later,)], "the handed signal is consumed as by a requeued Next"
         # The next step's inputs, as a re-pick would load them.
-        assert [s.id for s in entries[0].inputs[0]] == [later] and entries[0].inputs[1] == []
+        assert [s.id for s in entries[0].inputs[0]] == [later] and not entries[0].inputs[1]
+        # the same signals, field for field, as the pick's load reads them
+        assert list(entries[0].inputs[0]) == claims.load_inputs([jobs[0].id])[jobs[0].id][0]
         assert all(not inbox and not children for inbox, children in (e.inputs for e in entries[1:]))
         nxt = executor.continuation(jobs[0], entries[0])
         assert (nxt.step, nxt.state, nxt.attempt, [s.name for s in nxt.inbox]) == ("b", {"k": 1}, 0, ["y"])
+
+
+def test_inline_flush_loads_children_only_for_rows_that_have_them(committed, django_assert_num_queries, queue_name):
+    """A row gets children only from its own ScheduleChildren, which parks it: a chain
+    claimed without children never has any, so its flush does not look for them. A
+    row claimed with children has them reloaded for its next step (their status may
+    have moved): one more statement, for those rows only."""
+    parent, lone = gd.insert_all([gd.Spec(InlineChain, queue=queue_name) for _ in range(2)])
+    child = gd.insert(InlineChain, queue=f"{queue_name}_children")
+    with connection.cursor() as cur:
+        cur.execute("UPDATE gen_durable SET parent_id = %s WHERE id = %s", [parent, child])
+    jobs = {j.id: j for j in claims.pick(queue_name, 2, WORKER, 60)}
+    assert [c.id for c in jobs[parent].children] == [child] and jobs[lone].children == []
+    with connection.cursor() as cur:  # the child moves on while the parent runs
+        cur.execute("UPDATE gen_durable SET status = 'done' WHERE id = %s", [child])
+    entries = {i: executor.to_entry(Next("b"), InlineChain, j, consumed=(), presented=(), inline=True)
+               for i, j in jobs.items()}
+    assert (entries[parent].has_children, entries[lone].has_children) == (True, False)
+    with django_assert_num_queries(4) as captured:  # BEGIN, flush, children, COMMIT — even alone
+        flush(list(entries.values()), alone=True)
+    assert len(statements(captured)) == 2
+    assert [(c.id, c.status) for c in entries[parent].inputs[1]] == [(child, "done")]
+    assert not entries[lone].inputs[1]
+    nxt = executor.continuation(jobs[parent], entries[parent])
+    assert [c.status for c in nxt.children] == ["done"]
+    again = executor.to_entry(Next("c"), InlineChain, nxt, consumed=(), presented=(), inline=True)
+    assert again.has_children, "the children stay with the chain"
+
+    entries = [executor.to_entry(Next("c"), InlineChain, executor.continuation(jobs[lone], entries[lone]),
+                                 consumed=(), presented=(), inline=True)]
+    with django_assert_num_queries(1):  # flush alone: no children to look for
+        flush(entries, alone=True)
+
+
+def test_an_inline_transition_is_a_hot_update_that_keeps_lease_and_claim_time(committed, queue_name):
+    """With at least half its lease left, an inline commit changes no indexed column:
+    lease_expires_at, updated_at (the claim) and eligible_at stay as they were, so
+    Postgres writes it as a HOT update — no index entries (docs/performance.md, round
+    8). With less than half left it renews the lease (the heartbeat skips a row a flush
+    holds, so a chain of quick steps could otherwise miss every renewal)."""
+    gd.insert_all([gd.Spec(InlineChain, queue=queue_name) for _ in range(3)])
+    ttl = get_settings().LEASE_TTL
+    fresh, short, _ = claims.pick(queue_name, 3, WORKER, ttl)
+    read = ("SELECT id, lease_expires_at, updated_at, eligible_at FROM gen_durable "
+            "WHERE id = ANY (%s) ORDER BY id")
+    hot = "SELECT pg_stat_get_xact_tuples_hot_updated('gen_durable'::regclass)"
+    with connection.cursor() as cur:
+        cur.execute("UPDATE gen_durable SET lease_expires_at = now() + make_interval(secs => %s) WHERE id = %s",
+                    [ttl / 4, short.id])
+        cur.execute(read, [[fresh.id, short.id]])
+        before = {r[0]: r[1:] for r in cur.fetchall()}
+        with transaction.atomic():  # the flush nests; the counter is this transaction's
+            cur.execute(hot)
+            hot_before = cur.fetchone()[0]
+            result = flush([executor.to_entry(Next("b", state={"k": 1}), InlineChain, j, consumed=(),
+                                              presented=(), inline=True) for j in (fresh, short)])
+            cur.execute(hot)
+            hot_updates = cur.fetchone()[0] - hot_before
+        cur.execute(read, [[fresh.id, short.id]])
+        after = {r[0]: r[1:] for r in cur.fetchall()}
+    assert result.committed == {fresh.id: "executing", short.id: "executing"}
+    assert after[fresh.id] == before[fresh.id], "lease, claim time and eligible_at untouched"
+    assert after[short.id][1:] == before[short.id][1:]
+    assert after[short.id][0] - before[short.id][0] > timedelta(seconds=ttl / 2), "less than half left: renewed"
+    assert hot_updates == 1, "the untouched row's transition is HOT; the renewed one is not"
 
 
 def test_inline_flush_of_a_row_we_no_longer_own_commits_nothing(committed, queue_name):

@@ -8,9 +8,10 @@ savepoints inside the test's transaction.
 """
 
 import pytest
+from django.db import connection
 
 import gen_durable as gd
-from gen_durable.outcomes import Next
+from gen_durable.outcomes import Await, Done, Next
 from gen_durable.worker import claims, executor
 from gen_durable.worker.flusher import flush
 from tests.durable_app.durable import Counter, Flow, Plain
@@ -81,3 +82,41 @@ def test_executed_next_outcomes_flush_in_one_statement(committed, django_assert_
     assert len(statements(captured)) == 1
     assert set(result.committed.values()) == {"runnable"}
 
+
+
+def test_a_plain_flush_alone_is_one_round_trip_and_commits(committed, django_assert_num_queries, queue_name):
+    """On a connection the flusher just used (`alone`), a batch that needs only flush.sql
+    runs it without BEGIN and COMMIT: it commits as it ends."""
+    jobs = claimed(queue_name, 30, Plain)
+    entries = [executor.to_entry(Done({"n": 1}) if j.id % 2 else Next("start"), Plain, j, consumed=(),
+                                 presented=()) for j in jobs]
+    with django_assert_num_queries(1) as captured:
+        result = flush(entries, alone=True)
+    assert captured.captured_queries[0]["sql"].startswith("-- flush:")
+    assert len(result.committed) == 30 and not connection.in_atomic_block
+    with connection.cursor() as cur:  # committed: not inside a transaction of ours
+        cur.execute("SELECT txid_current_if_assigned() IS NULL, count(*) FROM gen_durable "
+                    "WHERE queue = %s AND status IN ('done', 'runnable')", [queue_name])
+        assert cur.fetchone() == (True, 30)
+
+
+@pytest.mark.parametrize("case", ["await", "child_done", "child_stop"])
+def test_a_flush_that_needs_more_than_flush_sql_takes_a_transaction_even_alone(
+        committed, django_assert_num_queries, queue_name, case):
+    """An Await's re-check and a child's join with its parent commit with the outcome."""
+    jobs = claimed(queue_name, 2, Plain)
+    if case == "await":
+        entries = [executor.to_entry(Await(["go"], "start"), Plain, jobs[0], consumed=(), presented=())]
+        expect = 4  # BEGIN, flush, park_recheck, COMMIT
+    else:
+        parent, child = jobs
+        with connection.cursor() as cur:
+            cur.execute("UPDATE gen_durable SET parent_id = %s WHERE id = %s", [parent.id, child.id])
+        child.parent_id = parent.id
+        outcome = Done(None) if case == "child_done" else gd.Stop("no")
+        entries = [executor.to_entry(outcome, Plain, child, consumed=(), presented=())]
+        expect = 4  # BEGIN, flush, join_parents, COMMIT
+    with django_assert_num_queries(expect) as captured:
+        flush(entries, alone=True)
+    sqls = [q["sql"] for q in captured.captured_queries]
+    assert sqls[0] == "BEGIN" and sqls[-1] == "COMMIT", sqls

@@ -21,3 +21,18 @@ def test_statement_texts_have_no_stray_percent_signs():
         text = (Path(sql.__file__).parent / f"{stem}.sql").read_text()
         stray = re.findall(r"%(?![(%])", text.replace("%%", ""))
         assert not stray, f"sql/{stem}.sql has a bare '%' (psycopg reads it as a placeholder); write %% or reword"
+
+
+def test_statements_are_sent_without_their_header_and_fit_psycopgs_parse_cache():
+    """What runs is the first line (the statement's name, for pg_stat_statements and
+    logs) and the SQL: psycopg caches the parse of a query up to 4,096 bytes and parses
+    a longer one again at every execution."""
+    from psycopg._queries import MAX_CACHED_STATEMENT_LENGTH
+
+    for stem in sql.names():
+        sent = getattr(sql, stem.upper())
+        source = (Path(sql.__file__).parent / f"{stem}.sql").read_text()
+        assert sent.splitlines()[0] == source.splitlines()[0]
+        assert not [line for line in sent.splitlines()[1:] if line.startswith("--")], stem
+        assert len(sent.encode()) <= MAX_CACHED_STATEMENT_LENGTH, (
+            f"sql/{stem}.sql is {len(sent.encode())} bytes as sent: over psycopg's parse cache")
