@@ -2,7 +2,7 @@
 
     bench/.venv/bin/python bench/profile_drain.py [--n 200000] [--processes 2] [--concurrency 16]
         [--prefetch 200] [--min-demand 50] [--seconds 12] [--out bench/results/profile]
-        [--machine InlinePipeline --steps-per 5]
+        [--machine InlinePipeline --steps-per 5] [--gil | --idle]
 
 Pre-fills ``n`` no-op jobs into a scratch database (``bench_profile``), starts
 ``processes`` `rundurable --burst` workers and, once they claim, samples each with
@@ -71,6 +71,43 @@ def _top(folded: list[Path], k: int = 25) -> tuple[int, int, list, list]:
     return total, active, own.most_common(k), incl.most_common(k)
 
 
+ROLES = (("_step_loop", "step thread"), ("Flusher._loop", "flusher"), ("Scheduler._loop", "feeder"))
+# Where a role's thread is when it is not running Python of its own: waiting for work
+# (its loop's Condition/Event wait), or for the database (a statement's round trip; with
+# other threads busy, the GIL after it — see bench/README.md on psycopg's send frames).
+DB_WAITS = ("Connection.wait", "_send_query_prepared", "_exec_command", "_maybe_prepare_gen", "untouched")
+
+
+def _roles(folded: list[Path]) -> list[tuple]:
+    """Per worker role, the shares of its samples (py-spy --idle: every thread, waiting
+    or not): waiting for work, in a database round trip, running. A role whose share
+    waiting for work is near zero is the drain's bottleneck."""
+    seen = {name: collections.Counter() for _, name in ROLES}
+    for path in folded:
+        for line in path.read_text().splitlines():
+            stack, _, count = line.rpartition(" ")
+            if not stack:
+                continue
+            frames = stack.split(";")
+            role = next((name for key, name in ROLES if any(key in f for f in frames)), None)
+            if role is None:
+                continue
+            leaf = frames[-1]
+            if any(w in leaf for w in DB_WAITS):
+                where = "database"
+            elif any(w in leaf for w in ("wait (threading.py", "_acquire_restore")) and "engine_transaction" not in stack:
+                where = "waiting for work"
+            else:
+                where = "running"
+            seen[role][where] += int(count)
+    rows = []
+    for role, c in seen.items():
+        total = sum(c.values())
+        if total:
+            rows.append((role, total, *(100 * c[k] / total for k in ("waiting for work", "database", "running"))))
+    return rows
+
+
 def _short(frame: str) -> str:
     # "func (path/to/module.py:123)" -> "func (module.py)"
     name, _, where = frame.partition(" (")
@@ -107,6 +144,9 @@ def main() -> int:
     ap.add_argument("--max-batch", type=int, default=100, help="FLUSH.MAX_BATCH")
     ap.add_argument("--gil", action="store_true",
                     help="sample only the thread holding the GIL (py-spy --gil): where the Python CPU goes")
+    ap.add_argument("--idle", action="store_true",
+                    help="sample waiting threads too (py-spy --idle) and tell, per role (step thread, flusher, "
+                         "feeder), the shares waiting for work, in the database and running: the bottleneck")
     ap.add_argument("--out", default=str(harness.RESULTS_DIR / "profile"))
     a = ap.parse_args()
     out = Path(a.out)
@@ -117,7 +157,7 @@ def main() -> int:
     lines = [f"# Drain profile ({harness.server_label()})", "",
              f"`bench/profile_drain.py --n {a.n} --processes {a.processes} --concurrency {a.concurrency} "
              f"--prefetch {a.prefetch} --min-demand {a.min_demand} --max-batch {a.max_batch} --seconds {a.seconds:g}"
-             + (" --gil" if a.gil else "")
+             + (" --gil" if a.gil else "") + (" --idle" if a.idle else "")
              + (f" --machine {a.machine} --steps-per {a.steps_per}" if a.machine != "noop" else "") + "`", ""]
     with harness.exclusive_bench(server), harness.scratch_database("profile", server) as url:
         dbname = harness.db_identifier("profile")
@@ -151,6 +191,7 @@ def main() -> int:
                 d0, t0 = conn.execute(gd_workloads.DONE_SQL).fetchone()[0], time.perf_counter()
                 spies = [subprocess.Popen([_py_spy(), "record", "--pid", str(p.pid), "--duration", str(max(1, round(a.seconds))),
                                            "--rate", "100", "--format", "raw", *(["--gil"] if a.gil else []),
+                                           *(["--idle"] if a.idle else []),
                                            "--output", str(out / f"worker{i}.folded"), "--nonblocking"],
                                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
                           for i, p in enumerate(procs)]
@@ -171,6 +212,12 @@ def main() -> int:
                 harness._stop_process(p)
         folded = [out / f"worker{i}.folded" for i in range(a.processes)]
         total, active, own, incl = _top([f for f in folded if f.exists()])
+        if a.idle:
+            lines += ["## Roles (py-spy --idle: every thread's samples)", "",
+                      "| role | samples | waiting for work % | database % | running % |", "|---|---:|---:|---:|---:|"]
+            lines += [f"| {r} | {n:,} | {w:.1f} | {d:.1f} | {x:.1f} |"
+                      for r, n, w, d, x in _roles([f for f in folded if f.exists()])]
+            lines += [""]
         lines += [f"## Python (py-spy, {a.processes} worker(s), {total:,} samples, {active:,} on CPU)", "",
                   "Shares are of the on-CPU samples (a thread waiting on a lock, a queue, a socket or",
                   "a sleep is left out).", "",

@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import logging
 import os
-import select
 import socket
 import threading
 import time
 from contextlib import contextmanager
 
 from django.db import transaction
+from psycopg.pq import ConnStatus
 
 from .. import db
 from ..conf import database_alias, get_settings
@@ -168,18 +168,24 @@ class Watch:
 
 
 def untouched(using=None) -> bool:
-    """Whether this thread's connection is open and the server has sent nothing on it
-    since its last answer. A server that closed it (pg_terminate_backend,
-    idle_session_timeout, a shutdown) sent an error and its end of the stream, which
-    makes the socket readable: one non-blocking poll, no round trip."""
+    """Whether this thread's connection is open and the server has not closed it since
+    its last answer. A server that closed it (pg_terminate_backend, idle_session_timeout,
+    a shutdown) sent an error and its end of the stream: libpq's non-blocking read of
+    what arrived (PQconsumeInput) fails on it. No round trip, and the GIL stays held
+    (a select() would give it up, and under load waiting to take it back costs more
+    than the read)."""
     conn = db.connection(using).connection
     if conn is None or conn.closed:
         return False
+    pgconn = conn.pgconn
     try:
-        readable, _, _ = select.select([conn.fileno()], [], [], 0)
-    except (OSError, ValueError):  # a socket already gone
+        # The first read takes what arrived — from a closing server, its error message;
+        # the next one then meets the end of the stream, and fails.
+        pgconn.consume_input()
+        pgconn.consume_input()
+    except Exception:  # psycopg.OperationalError: the server closed it
         return False
-    return not readable
+    return pgconn.status == ConnStatus.OK
 
 
 @contextmanager

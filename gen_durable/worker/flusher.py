@@ -43,7 +43,7 @@ _FREE_ROWS = "SELECT id FROM gen_durable WHERE id = ANY (%(ids)s::bigint[]) ORDE
 NO_INPUTS = ((), ())  # (inbox, children) of a continued row that has neither
 COMMIT_TIMEOUT = 30.0  # seconds a worker waits for its flush (the lease is the real floor)
 # Seconds since its last answer within which the flush connection is taken to be up
-# (when the server has sent nothing on it since): a batch that needs one statement then
+# (when the server has not closed it since): a batch that needs one statement then
 # runs it without BEGIN/COMMIT (`flush`, `alone`). Under load flushes follow each other
 # within milliseconds; after a pause the first flush starts with BEGIN.
 FRESH_CONNECTION = 1.0
@@ -343,8 +343,8 @@ class Flusher:
         delay = 0.0
         while True:
             try:
-                # Under load the connection was just used and the server has said
-                # nothing since: a batch that needs only flush.sql runs it alone (one
+                # Under load the connection was just used and the server has not
+                # closed it since: a batch that needs only flush.sql runs it alone (one
                 # round trip; `flush`, `alone`). Otherwise a BEGIN goes first: a
                 # connection lost meanwhile fails there, and the flush is retried.
                 alone = (time.monotonic() - self._used < FRESH_CONNECTION

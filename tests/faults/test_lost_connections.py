@@ -198,13 +198,19 @@ def test_control_lost_inside_a_transaction_before_commit_is_a_plain_retryable_er
 
 def test_a_connection_the_server_closed_is_not_untouched(committed):
     """`connections.untouched`: the flusher's check before a lone statement. A session
-    the server terminated has sent its error and closed: the socket reads, no round trip."""
+    the server terminated has sent its error message and closed: one check (no round
+    trip) tells, the first time it is asked after the server is done with it."""
     from gen_durable.worker import connections as engine_connections
 
     with connection.cursor() as cur:
         cur.execute("SELECT set_config('application_name', 'untouched-probe', false)")
-    assert engine_connections.untouched()
+    assert engine_connections.untouched() and engine_connections.untouched()
     with other_session() as other:
+        other.autocommit = True  # each poll reads pg_stat_activity afresh
         other.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'untouched-probe'")
-    wait_until(lambda: not engine_connections.untouched(), timeout=5, what="the closed socket to read")
+        wait_until(lambda: other.execute("SELECT count(*) FROM pg_stat_activity "
+                                         "WHERE application_name = 'untouched-probe'").fetchone()[0] == 0,
+                   what="the server to close the session")
+    time.sleep(0.05)  # its last bytes cross the loopback
+    assert not engine_connections.untouched()
     connection.close()
