@@ -9,8 +9,9 @@
 --   NULL: the attempt's record for rows that keep an attempt_log — Django tasks);
 --   c_target bigint[], c_id bigint[]: the (owner, signal id) pairs a progressing
 --   outcome consumes (exactly the ids its step was handed);
---   lease float8: an `inline` row's lease: renewed to this many seconds when less than
---   half of it is left; inline bigint[]: the ids of the `inline` outcomes.
+--   lease float8: an `inline` row's lease, renewed to this many seconds (LEASE_TTL)
+--   when less than renew float8 seconds (LEASE_TTL - HEARTBEAT_INTERVAL) are left;
+--   inline bigint[]: the ids of the `inline` outcomes.
 -- `inline` is a Next whose step runs at once in the same worker (inline continuation):
 --   the same transition, but the row stays `executing` under the same claimant with its
 --   gate slot (concurrency_shard) kept; the next step runs only after this commit, so a
@@ -79,11 +80,14 @@ WITH input AS MATERIALIZED (
                                 i.detail::jsonb || jsonb_build_object('worker_id', g.locked_by,
                                                                       'started_at', g.updated_at)) END,
         locked_by = CASE WHEN i.kind = 'inline' THEN g.locked_by END,
-        -- An inline row keeps its lease while at least half of it is left (the
-        -- heartbeat renews it like every held row) and its updated_at (the claim):
-        -- no indexed column changes, so the transition is a HOT update.
+        -- An inline row keeps its updated_at (the claim) and, while a heartbeat's worth
+        -- of it is spent at most, its lease: no indexed column changes, so the
+        -- transition is a HOT update. Past that it is renewed here: the heartbeat skips
+        -- a row a flush holds, and a chain of quick steps is in nearly every flush —
+        -- its lease must still look renewed at every heartbeat, as start-up reclaim
+        -- (reclaim.sql) takes this host's rows not renewed for two.
         lease_expires_at = CASE WHEN i.kind <> 'inline' THEN NULL
-                                WHEN g.lease_expires_at >= now() + make_interval(secs => %(lease)s::float8 / 2)
+                                WHEN g.lease_expires_at >= now() + make_interval(secs => %(renew)s::float8)
                                 THEN g.lease_expires_at
                                 ELSE now() + make_interval(secs => %(lease)s::float8) END,
         updated_at = CASE WHEN i.kind = 'inline' THEN g.updated_at ELSE now() END

@@ -471,8 +471,10 @@ def to_entry(outcome, cls, job: Claimed, *, consumed, presented, inline=False) -
                      rate_limit=outcome.rate_limit, weight=float(outcome.weight),
                      consumed=consumed, wanted_inline=wanted, fsm=job.fsm, from_step=job.step,
                      queue=job.queue, has_children=bool(job.children), parent_id=job.parent_id,
-                     # inline: the held slot goes on with the chain; credited when it ends
-                     slot=None if kind == "inline" else job.slot)
+                     # inline: the held slot goes on with the chain (its commit credits
+                     # nothing); an inline outcome that cannot be stored becomes a Stop,
+                     # which credits it
+                     slot=job.slot)
     if isinstance(outcome, Done):  # a job's outcome: second, and built in one call like a Next's
         return Entry(id=job.id, worker=job.worker, kind="done",
                      result=encode(outcome.result, f"result of {cls.name}#{job.id}",

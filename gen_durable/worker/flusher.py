@@ -59,6 +59,7 @@ class FlushResult:
 def _arrays(entries):
     """flush.sql's parameters: one array literal per column (db.pg_array)."""
     arr = db.pg_array
+    settings = get_settings()
     return {
         "id": arr([e.id for e in entries]), "worker": arr([e.worker for e in entries]),
         "kind": arr([e.kind for e in entries]), "step": arr([e.step for e in entries]),
@@ -70,7 +71,9 @@ def _arrays(entries):
         "detail": arr([e.detail for e in entries]),
         "c_target": arr([e.id for e in entries for _ in e.consumed]),
         "c_id": arr([sid for e in entries for sid in e.consumed]),
-        "lease": float(get_settings().LEASE_TTL),
+        "lease": float(settings.LEASE_TTL),
+        # An inline row's lease is renewed once a heartbeat's worth of it is spent.
+        "renew": float(settings.LEASE_TTL - settings.HEARTBEAT_INTERVAL),
         "inline": arr([e.id for e in entries if e.kind == "inline"]),
     }
 
@@ -83,16 +86,22 @@ def needs_transaction(entries, limiter=None) -> bool:
     transactional = limiter is not None and limiter.transactional
     for e in entries:
         kind = e.kind
-        if kind == "inline":
+        if kind == "inline":  # its slot stays held with the chain: nothing to credit
             if e.has_children:
                 return True
         elif kind == "await" or kind == "schedule":
             return True
         elif e.parent_id is not None and (kind == "done" or kind == "stop"):
             return True
-        if transactional and e.slot is not None:
+        elif transactional and e.slot is not None:
             return True
     return False
+
+
+def _credited(entries) -> list:
+    """The gate slots a commit of `entries` gives back: every one but a chain's, which
+    stays held by the row's next step."""
+    return [e.slot for e in entries if e.slot is not None and e.kind != "inline"]
 
 
 def flush(entries, using=None, limiter=None, alone=False) -> FlushResult:
@@ -100,7 +109,7 @@ def flush(entries, using=None, limiter=None, alone=False) -> FlushResult:
 
     An "inline" entry (a Next continuing in the same worker) is part of the same
     statement: its row stays `executing` (committed status "executing") under the same
-    claim, its gate slot kept, its lease renewed when less than half is left, and the
+    claim, its gate slot kept, its lease renewed once a heartbeat interval of it is spent, and the
     statement returns the inbox its next step starts with (set on `entry.inputs`).
 
     Statements: 1 for a batch of plain Next/Retry/Done/Stop/inline outcomes (+ BEGIN
@@ -145,7 +154,7 @@ def flush(entries, using=None, limiter=None, alone=False) -> FlushResult:
                 parents = _read_outcomes(db.fetchall(sql.FLUSH, _arrays(entries), using), entries, result)
                 ok = [e for e in entries if e.id in result.committed]
                 if limiter is not None and limiter.transactional:
-                    slots = [e.slot for e in ok if e.slot is not None]
+                    slots = _credited(ok)
                     if slots:
                         limiter.credit(slots)
                 parked = [e for e in ok if e.kind == "await"]
@@ -187,7 +196,7 @@ def flush(entries, using=None, limiter=None, alone=False) -> FlushResult:
                 raise CommitInDoubt(f"connection lost during COMMIT: {exc}") from exc
             raise
     if limiter is not None and not limiter.transactional:
-        slots = [e.slot for e in entries if e.slot is not None and e.id in result.committed]
+        slots = _credited(e for e in entries if e.id in result.committed)
         if slots:
             try:
                 limiter.credit(slots)

@@ -142,7 +142,7 @@ class Scheduler:
         # Whether the buffer may hold async rows: set when one is buffered, so the
         # dispatch scans the buffer for them only then (not on every dispatch).
         self._async_buffered = False
-        self._tasks: dict = {}  # id -> concurrent Future of an async step's task
+        self._tasks: dict = {}  # token -> concurrent Future of a running async step's task
         # Re-checked rows that started, and (monotonic time, that count) at the last
         # re-check: their start rate sizes the next re-check batch (`_recheck_limit`).
         self._rechecked_starts = 0
@@ -389,9 +389,12 @@ class Scheduler:
     def _start_async(self, job):
         self._take_locked(job)
         self.flusher.step_started()
-        self._tasks[job.id] = aio.submit(self._async_step(job))
+        # Keyed by a token of this task, not the row: a chain's next step may start as a
+        # task of its own before the task that committed its transition has ended.
+        token = object()
+        self._tasks[token] = aio.submit(self._async_step(job, token))
 
-    async def _async_step(self, job):
+    async def _async_step(self, job, token):
         """One async step (and its inline chain) on the event loop; mirrors _step_loop's body."""
         submitted = False
         try:
@@ -411,7 +414,7 @@ class Scheduler:
                 self.settle([job.id], completed=False)
             with self._lock:
                 self.running -= 1
-                self._tasks.pop(job.id, None)
+                self._tasks.pop(token, None)
                 self._dispatch_locked()
 
     def _step_loop(self):

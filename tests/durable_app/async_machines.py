@@ -218,3 +218,28 @@ class AsyncBlocker(gd.Machine):
         else:
             ASYNC_RAN.append(ctx.id)
         return gd.Done()
+
+
+ASYNC_B_STARTED: list = []
+
+
+class AsyncChainGate(gd.Machine):
+    """a → b, async and inline; b records its id in ASYNC_B_STARTED and waits (without
+    blocking the loop) until ASYNC_GATE is set."""
+
+    name = "tests.AsyncChainGate"
+    initial = "a"
+    inline_execution = True
+
+    @gd.step
+    async def a(self, ctx):
+        return gd.Next("b")
+
+    @gd.step
+    async def b(self, ctx):
+        ASYNC_B_STARTED.append(ctx.id)
+        for _ in range(3000):
+            if ASYNC_GATE.is_set():
+                break
+            await asyncio.sleep(0.01)
+        return gd.Done()

@@ -214,3 +214,30 @@ def test_a_connection_the_server_closed_is_not_untouched(committed):
     time.sleep(0.05)  # its last bytes cross the loopback
     assert not engine_connections.untouched()
     connection.close()
+
+
+def test_untouched_holds_for_a_socket_above_fd_setsize(transactional_db):
+    """A process with many files open (high concurrency, many connections) gets socket
+    descriptors of 1024 and up, which select() refuses: the check must not depend on it
+    (with select() every flush there took BEGIN/COMMIT — found by a review)."""
+    import os
+    import resource
+
+    from gen_durable.worker import connections as engine_connections
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1200:
+        if hard != resource.RLIM_INFINITY and hard < 1200:
+            pytest.skip(f"this process may open {hard} files at most")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1200 if hard == resource.RLIM_INFINITY else min(hard, 4096), hard))
+    connection.close()  # first: the new socket takes the lowest free descriptor
+    spare = [os.dup(0) for _ in range(1100)]
+    try:
+        with connection.cursor() as cur:
+            cur.execute("SELECT 1")
+        assert connection.connection.fileno() >= 1024
+        assert engine_connections.untouched(), "an open, quiet connection reported as closed"
+    finally:
+        connection.close()
+        for f in spare:
+            os.close(f)

@@ -23,6 +23,7 @@ from gen_durable.limiter import Admission, Limiter
 from gen_durable.models import Instance
 from gen_durable.outcomes import Next
 from gen_durable.worker import claims, executor
+from gen_durable.worker import flusher as flusher_module
 from gen_durable.worker.flusher import flush
 from tests.conftest import wait_until
 from tests.helpers import record_rechecks
@@ -86,7 +87,7 @@ def test_inline_flush_keeps_the_claim_and_loads_the_next_inputs_in_bounded_state
         q = f"{queue_name}_{n}"
         gd.insert_all([gd.Spec(InlineChain, queue=q) for _ in range(n)])
         jobs = claims.pick(q, n, WORKER, 60)
-        with connection.cursor() as cur:  # less than half the lease left: the flush must extend it
+        with connection.cursor() as cur:  # a heartbeat's worth of the lease spent: the flush must extend it
             cur.execute("UPDATE gen_durable SET lease_expires_at = now() + interval '1 second' WHERE queue = %s", [q])
         handed = gd.signal(jobs[0].id, "x", {"v": 1})
         later = gd.signal(jobs[0].id, "y", {"v": 2})
@@ -146,35 +147,37 @@ def test_inline_flush_loads_children_only_for_rows_that_have_them(committed, dja
 
 
 def test_an_inline_transition_is_a_hot_update_that_keeps_lease_and_claim_time(committed, queue_name):
-    """With at least half its lease left, an inline commit changes no indexed column:
-    lease_expires_at, updated_at (the claim) and eligible_at stay as they were, so
-    Postgres writes it as a HOT update — no index entries (docs/performance.md, round
-    8). With less than half left it renews the lease (the heartbeat skips a row a flush
-    holds, so a chain of quick steps could otherwise miss every renewal)."""
+    """While less than a heartbeat interval of its lease is spent, an inline commit
+    changes no indexed column: lease_expires_at, updated_at (the claim) and eligible_at
+    stay as they were, so Postgres writes it as a HOT update — no index entries
+    (docs/performance.md, round 8). Past that it renews the lease: the heartbeat skips a
+    row a flush holds, so a chain of quick steps could otherwise miss every renewal
+    (tests/races/test_inline_leases.py)."""
+    s = get_settings()
+    ttl, beat = s.LEASE_TTL, s.HEARTBEAT_INTERVAL
     gd.insert_all([gd.Spec(InlineChain, queue=queue_name) for _ in range(3)])
-    ttl = get_settings().LEASE_TTL
-    fresh, short, _ = claims.pick(queue_name, 3, WORKER, ttl)
+    fresh, spent, _ = claims.pick(queue_name, 3, WORKER, ttl)
     read = ("SELECT id, lease_expires_at, updated_at, eligible_at FROM gen_durable "
             "WHERE id = ANY (%s) ORDER BY id")
     hot = "SELECT pg_stat_get_xact_tuples_hot_updated('gen_durable'::regclass)"
     with connection.cursor() as cur:
         cur.execute("UPDATE gen_durable SET lease_expires_at = now() + make_interval(secs => %s) WHERE id = %s",
-                    [ttl / 4, short.id])
-        cur.execute(read, [[fresh.id, short.id]])
+                    [ttl - beat * 1.5, spent.id])
+        cur.execute(read, [[fresh.id, spent.id]])
         before = {r[0]: r[1:] for r in cur.fetchall()}
         with transaction.atomic():  # the flush nests; the counter is this transaction's
             cur.execute(hot)
             hot_before = cur.fetchone()[0]
             result = flush([executor.to_entry(Next("b", state={"k": 1}), InlineChain, j, consumed=(),
-                                              presented=(), inline=True) for j in (fresh, short)])
+                                              presented=(), inline=True) for j in (fresh, spent)])
             cur.execute(hot)
             hot_updates = cur.fetchone()[0] - hot_before
-        cur.execute(read, [[fresh.id, short.id]])
+        cur.execute(read, [[fresh.id, spent.id]])
         after = {r[0]: r[1:] for r in cur.fetchall()}
-    assert result.committed == {fresh.id: "executing", short.id: "executing"}
+    assert result.committed == {fresh.id: "executing", spent.id: "executing"}
     assert after[fresh.id] == before[fresh.id], "lease, claim time and eligible_at untouched"
-    assert after[short.id][1:] == before[short.id][1:]
-    assert after[short.id][0] - before[short.id][0] > timedelta(seconds=ttl / 2), "less than half left: renewed"
+    assert after[spent.id][1:] == before[spent.id][1:]
+    assert after[spent.id][0] - before[spent.id][0] > timedelta(seconds=beat), "a heartbeat's worth spent: renewed"
     assert hot_updates == 1, "the untouched row's transition is HOT; the renewed one is not"
 
 
@@ -203,7 +206,8 @@ def test_inline_is_refused_for_a_new_key_and_outside_a_worker(db, queue_name):
     e = mk(Next("b", concurrency_key=None))
     assert (e.kind, e.slot) == ("next", ("gate", 0))                  # a held slot is credited by a requeue
     e = mk(Next("b"))
-    assert (e.kind, e.slot) == ("inline", None)                       # ...and kept by a continuation
+    assert (e.kind, e.slot) == ("inline", ("gate", 0))                # ...and kept by a continuation
+    assert flusher_module._credited([e]) == []                        # (its commit credits nothing)
 
 
 # --- the engine ------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import gen_durable as gd
 from gen_durable.models import Instance
 from tests.conftest import wait_until
 from tests.durable_app.inline_machines import InlineChain, InlineCounter
-from tests.limits.conftest import buckets
+from tests.limits.conftest import buckets, collapse
 
 
 def status(id_):
@@ -50,3 +50,27 @@ def test_a_continued_steps_rate_limit_is_admitted_after_the_commit_and_a_denial_
     assert row[1:] == ("b", "tight") and row[0] in ("runnable", "executing"), \
         "requeued at the committed step b with its rate limit, for the pick to admit"
     assert status(second) != "done"
+
+
+def test_an_inline_outcome_that_cannot_be_stored_gives_its_chains_gate_slot_back(configure, committed, queue_name):
+    """A chain holds its gate slot across steps (an inline commit credits nothing). When
+    its inline outcome cannot be stored (here a state Postgres' jsonb refuses), the
+    flusher fails the instance with a Stop — and that Stop must give the slot back, or
+    the gate stays full until the GC's reconcile (found by a review)."""
+    from gen_durable.outcomes import Next
+    from gen_durable.worker import claims, executor
+    from gen_durable.worker.flusher import Flusher
+
+    limiter = configure(gates={"pool": {"limit": 1}})
+    first, second = (gd.insert(InlineChain, queue=queue_name, concurrency_key="pool:x") for _ in range(2))
+    (job,) = claims.pick(queue_name, 2, "slot-worker", 60, gates=limiter.gate_names(), limiter=limiter)
+    assert job.id == first and job.slot is not None, "the gate admits one"
+    entry = executor.to_entry(Next("b"), InlineChain, job, consumed=(), presented=(), inline=True)
+    assert entry.kind == "inline"
+    entry.state = '{"text": "\\u0000"}'  # valid JSON that jsonb cannot hold
+    Flusher(limiter=limiter)._flush([(entry, None)])
+    row = Instance.objects.get(id=first)
+    assert row.status == "failed" and row.last_error.startswith("outcome could not be stored")
+    collapse(queue_name)  # the pick deferred the row the full gate denied
+    (nxt,) = claims.pick(queue_name, 2, "slot-worker", 60, gates=limiter.gate_names(), limiter=limiter)
+    assert nxt.id == second, "the failed chain's slot was given back: the gate admits the next row"

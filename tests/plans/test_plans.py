@@ -88,7 +88,7 @@ def test_pick_touches_about_a_batch_of_rows_when_run(scale):
         "state": [None, None], "result": [None, "{}"], "error": [None, None], "delay": [0.0, 0.0],
         "awaits": [None, None], "timeout": [None, None], "set_key": [False, False],
         "new_key": [None, None], "rate_limit": [None, None], "weight": [1.0, 1.0], "detail": [None, None],
-        "c_target": [1], "c_id": [5], "lease": 60.0, "inline": []}.items()}),
+        "c_target": [1], "c_id": [5], "lease": 60.0, "renew": 40.0, "inline": []}.items()}),
     ("PARK_RECHECK", {"id": [1, 2], "p_target": [1], "p_id": [3]}),
     ("SPAWN_PARK", {"id": [1], "n": [3]}),
     ("JOIN_PARENTS", {"parent_id": [1, 2], "n": [1, 2]}),
@@ -129,7 +129,7 @@ def test_flush_updates_by_primary_key_not_by_the_executing_set(scale):
               "state": [None] * n, "result": [None] * n, "error": [None] * n, "delay": [0.0] * n,
               "awaits": [None] * n, "timeout": [None] * n, "set_key": [False] * n, "new_key": [None] * n,
               "rate_limit": [None] * n, "weight": [1.0] * n, "detail": [None] * n, "c_target": [], "c_id": [], "lease": 60.0,
-              "inline": []}
+              "renew": 40.0, "inline": []}
     p = plan(sql.FLUSH, arrays)
     update = next(n for n in nodes(p) if n["Node Type"] == "ModifyTable" and n.get("Relation Name") == "gen_durable")
     used = index_scans(update)
@@ -145,7 +145,7 @@ def test_flush_reads_the_inline_rows_inboxes_by_their_target_index(scale):
               "state": ['{"k": 1}'] * n, "result": [None] * n, "error": [None] * n, "delay": [0.0] * n,
               "awaits": [None] * n, "timeout": [None] * n, "set_key": [False] * n, "new_key": [None] * n,
               "rate_limit": [None] * n, "weight": [1.0] * n, "detail": [None] * n, "c_target": ids[:5],
-              "c_id": [1, 2, 3, 4, 5], "lease": 60.0, "inline": ids}
+              "c_id": [1, 2, 3, 4, 5], "lease": 60.0, "renew": 40.0, "inline": ids}
     p = plan(sql.FLUSH, arrays)
     scans = [n for n in nodes(p) if n.get("Relation Name") == "gen_durable_signals" and n["Node Type"] != "ModifyTable"]
     assert scans and not [n for n in scans if n["Node Type"] == "Seq Scan"], json.dumps(p, indent=1)[:3000]

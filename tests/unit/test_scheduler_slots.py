@@ -107,3 +107,47 @@ def test_a_step_ending_while_the_watchdog_decides_is_finished_or_abandoned_never
     else:
         assert abandoned == 1 and finished  # both: the race the lock closes
     assert run.abandoned
+
+
+def test_an_async_chains_next_task_stays_known_when_its_commit_beats_the_last_tasks_end():
+    """The commit of an async step's inline outcome can land — and its next step start as
+    a task of its own — before the task that submitted it has finished (the loop thread
+    waiting for the GIL while the flusher commits). Each task is then still known to the
+    scheduler, so stop() cancels a running one (found by a review: tasks were keyed by
+    instance id, and the ending task removed its successor's)."""
+    import json
+
+    from gen_durable.worker.claims import Claimed
+    from tests.conftest import wait_until
+    from tests.durable_app import async_machines as am
+
+    sch = scheduler(concurrency=2)
+    done = []
+
+    def submit(entry, wait=False):
+        if entry.kind == "inline":  # committed at once, before the submitting task ends
+            sch.continue_chains([entry], {entry.id: "executing"})
+        else:
+            done.append(entry)
+
+    sch.flusher = SimpleNamespace(step_started=lambda: None, step_abandoned=lambda: None, submit=submit)
+    job = Claimed(id=7, fsm="tests.AsyncChainGate", fsm_version=1, step="a", state={}, attempt=0, awaits=None,
+                  queue="q", priority=0, eligible_at=0.0, concurrency_key=None, concurrency_shard=None,
+                  rate_limit=None, weight=1.0, correlation_key=None, parent_id=None, worker="w",
+                  raw_state=json.dumps({}))
+    job.is_async = True
+    am.ASYNC_GATE.clear()
+    am.ASYNC_B_STARTED.clear()
+    try:
+        with sch._lock:
+            sch.buffer.append(job)
+            sch._async_buffered = True
+            sch._dispatch_locked()
+        wait_until(lambda: am.ASYNC_B_STARTED == [7], timeout=10, what="step b running")
+        time.sleep(0.05)  # step a's task has ended by now
+        with sch._lock:
+            assert len(sch._tasks) == 1, "the running step b's task is unknown to the scheduler"
+    finally:
+        am.ASYNC_GATE.set()
+    wait_until(lambda: [e.kind for e in done] == ["done"], timeout=10, what="b done")
+    wait_until(lambda: not sch._tasks, timeout=5, what="b's task to leave")
