@@ -548,26 +548,29 @@ def run_benchmark(name: str, fn: Workload, runs: int = DEFAULT_RUNS, *, server: 
     """Run ``fn`` ``runs`` times, each on a fresh scratch database; return the summary."""
     if runs < 1:
         raise ValueError("runs must be >= 1")
-    samples = []
-    for i in range(runs):
-        with exclusive_bench(server), scratch_database(name, server) as url:
-            busy = wait_for_quiet(log=log)
-            t0 = time.perf_counter()
-            sample = fn(url)
-            wall = time.perf_counter() - t0
-            load_after = os.getloadavg()[0]
-        if not isinstance(sample, dict) or not isinstance(sample.get("rate"), (int, float)):
-            raise BenchError(f"{name}: workload returned {sample!r}, expected a dict with 'rate'")
-        sample["busy_before"] = round(busy, 3)
-        sample["loadavg_after"] = round(load_after, 2)
-        samples.append(sample)
-        extra = ""
-        if sample.get("enqueue_rate"):
-            extra = f"  (enqueue {sample['enqueue_rate']:,.0f}/s)"
-        log(f"  {name} run {i + 1}/{runs}: {sample['rate']:,.0f} {sample.get('unit', 'jobs/s')}"
-            f"  over {sample.get('elapsed_s', 0):.2f}s{extra}  [wall {wall:.1f}s, "
-            f"busy before {busy:.0%}, load after {load_after:.1f}]")
-    return summarize(name, samples)
+    return summarize(name, [run_once(name, fn, i, runs, server=server, log=log) for i in range(runs)])
+
+
+def run_once(name: str, fn: Workload, i: int, runs: int, *, server: str | None = None,
+             log: Callable[[str], None] = print) -> dict:
+    """Run ``fn`` once (run ``i + 1`` of ``runs``) on a fresh scratch database; return its sample."""
+    with exclusive_bench(server), scratch_database(name, server) as url:
+        busy = wait_for_quiet(log=log)
+        t0 = time.perf_counter()
+        sample = fn(url)
+        wall = time.perf_counter() - t0
+        load_after = os.getloadavg()[0]
+    if not isinstance(sample, dict) or not isinstance(sample.get("rate"), (int, float)):
+        raise BenchError(f"{name}: workload returned {sample!r}, expected a dict with 'rate'")
+    sample["busy_before"] = round(busy, 3)
+    sample["loadavg_after"] = round(load_after, 2)
+    extra = ""
+    if sample.get("enqueue_rate"):
+        extra = f"  (enqueue {sample['enqueue_rate']:,.0f}/s)"
+    log(f"  {name} run {i + 1}/{runs}: {sample['rate']:,.0f} {sample.get('unit', 'jobs/s')}"
+        f"  over {sample.get('elapsed_s', 0):.2f}s{extra}  [wall {wall:.1f}s, "
+        f"busy before {busy:.0%}, load after {load_after:.1f}]")
+    return sample
 
 
 # ---------------------------------------------------------------------- results

@@ -79,12 +79,38 @@ STARTUP_SENSITIVE = gd_workloads.STARTUP_SENSITIVE | {
     "tasks_gen_durable", "pgqueuer", "pgqueuer_200k", "pgqueuer_b1000", "procrastinate", "django_tasks_db", "tasks_django_tasks_db"}
 
 
+def _interleaved(jobs, runs, label, *, save):
+    """Round r runs every benchmark once (run r + 1 of `runs`); summaries as with --runs."""
+    samples = {key: [] for key, _, _ in jobs}
+    failed = []
+    for r in range(runs):
+        print(f"== round {r + 1}/{runs}")
+        for key, name, mode in jobs:
+            if key in failed:
+                continue
+            harness.STARTUP = mode
+            try:
+                samples[key].append(harness.run_once(key, WORKLOADS[name], r, runs))
+            except Exception:
+                failed.append(key)
+                traceback.print_exc()
+            finally:
+                harness.STARTUP = "inside"
+        summaries = [harness.summarize(key, xs) for key, xs in samples.items() if xs]
+        if summaries and save:  # a long sitting that dies keeps what it measured
+            harness.save_results(summaries, env=harness.environment(), label=label)
+    return [harness.summarize(key, xs) for key, xs in samples.items() if xs], failed
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=harness.DEFAULT_RUNS, help="runs per benchmark (default 3)")
     ap.add_argument("--only", default="", help="comma-separated benchmark names to run")
     ap.add_argument("--list", action="store_true", help="list registered benchmarks and exit")
     ap.add_argument("--no-save", action="store_true", help="print only; do not touch bench/results/")
+    ap.add_argument("--interleave", action="store_true",
+                    help="run the set round-robin, one run of each benchmark per round (a drifting host "
+                         "then weighs on every benchmark alike: ratios within the sitting hold)")
     ap.add_argument("--startup", choices=("inside", "outside", "both"), default="inside",
                     help="worker start-up inside the drain clock, outside it (the start-up gate; results "
                          "key NAME@outside), or both (each drain twice, other benchmarks once)")
@@ -115,6 +141,9 @@ def main(argv: list[str] | None = None) -> int:
             jobs.append((name if mode == "inside" else f"{name}@outside", name, mode))
     summaries, failed = [], []
     t_all = time.perf_counter()
+    if a.interleave:
+        summaries, failed = _interleaved(jobs, a.runs, label, save=not a.no_save)
+        jobs = []
     for key, name, mode in jobs:
         print(f"== {key}")
         t0 = time.perf_counter()

@@ -32,3 +32,30 @@ def test_a_target_whose_sides_come_from_different_sittings_is_flagged():
     assert "(sides from different sittings)" in _row(harness.render_targets(older), 90_000)
     # The invocation's own id names the boot and the start time.
     assert re.search(r".-20\d{6}T\d{6}$", harness.SITTING)
+
+
+def test_an_interleaved_sitting_runs_one_of_each_per_round_and_summarises_as_runs(monkeypatch):
+    """run_all.py --interleave: round r runs every benchmark once, so a host whose speed
+    drifts during the sitting weighs on each alike; the summaries are those of --runs."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        spec = importlib.util.spec_from_file_location("bench_run_all", ROOT / "bench" / "run_all.py")
+        run_all = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(run_all)
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    calls = []
+
+    def run_once(key, fn, i, runs, **kw):
+        calls.append((key, i, run_all.harness.STARTUP))
+        return {"rate": 100.0 * (len(calls)), "unit": "jobs/s", "n": 10}
+
+    monkeypatch.setattr(run_all.harness, "run_once", run_once)
+    jobs = [("a@outside", "gd_drain_c1_p2_pf500", "outside"), ("b", "gd_insert_all_100k", "inside")]
+    summaries, failed = run_all._interleaved(jobs, 3, "label", save=False)
+    assert calls == [("a@outside", 0, "outside"), ("b", 0, "inside"), ("a@outside", 1, "outside"),
+                     ("b", 1, "inside"), ("a@outside", 2, "outside"), ("b", 2, "inside")]
+    assert failed == [] and [s["name"] for s in summaries] == ["a@outside", "b"]
+    assert [s["rate_median"] for s in summaries] == [300.0, 400.0] and summaries[0]["runs"] == 3
