@@ -19,9 +19,9 @@
 --   column (lease, updated_at and eligible_at stay; see lease_expires_at below), so it
 --   is a HOT update where the page has room (the table's fillfactor leaves it).
 -- Returns a row per committed outcome (id, status, queue, parent_id), then a row per
---   signal in the inbox of each committed `inline` row — what its next step starts
---   with — (target id, NULL, NULL, NULL, signal id, name, payload, inserted_at): the
---   inbox as of this statement, less what it consumed. A signal committing meanwhile is
+--   signal in the inbox of each `inline` row — for one that committed, what its next
+--   step starts with — (target id, NULL, NULL, NULL, signal id, name, payload,
+--   inserted_at): the inbox as of this statement, less what it consumed. A signal committing meanwhile is
 --   not lost; it waits in the inbox for a later step, as after a re-pick.
 -- One statement for a batch of plain outcomes: the worker runs it alone, outside an
 --   explicit transaction (it commits as it ends), when the batch needs nothing else.
@@ -117,9 +117,11 @@ SELECT upd.id, upd.status::text, upd.queue, upd.parent_id,
        NULL::bigint, NULL::text, NULL::text, NULL::timestamptz
 FROM upd CROSS JOIN (SELECT count(*) FROM settled) n
 UNION ALL
--- The inboxes of the rows that continue inline (index: gen_durable_signals_target).
+-- The inboxes of the rows that continue inline (index: gen_durable_signals_target, one
+-- probe per id of the array). Not joined with upd: the worker reads only those of rows
+-- that committed, and a join lets a generic plan probe the index once per committed row
+-- with the whole array as a second key — every element each time.
 SELECT s.target_id, NULL, NULL, NULL, s.id, s.name, s.payload::text, s.inserted_at
 FROM gen_durable_signals s
 WHERE s.target_id = ANY (%(inline)s::bigint[])
-  AND s.target_id IN (SELECT id FROM upd WHERE status = 'executing')
   AND s.id NOT IN (SELECT id FROM consumed)
