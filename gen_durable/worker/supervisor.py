@@ -69,6 +69,13 @@ def worker_prefix(queue: str) -> str:
     return f"{socket.gethostname()}:{queue}:"
 
 
+def throughput_text(rates: dict) -> str:
+    """`queue N steps/s, …` for the periodic log line: whole numbers from 10 steps/s up,
+    two significant digits below (a few steps a minute must not read as 0 steps/s)."""
+    return ", ".join(f"{q} {r:.0f} steps/s" if r >= 10 or r == 0 else f"{q} {r:.2g} steps/s"
+                     for q, r in rates.items())
+
+
 class Supervisor:
     def __init__(self, config: WorkerConfig):
         self.config = config
@@ -338,7 +345,7 @@ class Supervisor:
             if now - last >= self.config.throughput_every:
                 rates = {q: (s.completed - done_before[q]) / (now - last) for q, s in self.schedulers.items()}
                 if any(rates.values()):
-                    logger.info("throughput: %s", ", ".join(f"{q} {r:.0f} steps/s" for q, r in rates.items()))
+                    logger.info("throughput: %s", throughput_text(rates))
                 done_before = {q: s.completed for q, s in self.schedulers.items()}
                 last = now
             if self.config.parent_pid is not None and os.getppid() != self.config.parent_pid:

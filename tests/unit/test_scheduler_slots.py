@@ -151,3 +151,12 @@ def test_an_async_chains_next_task_stays_known_when_its_commit_beats_the_last_ta
         am.ASYNC_GATE.set()
     wait_until(lambda: [e.kind for e in done] == ["done"], timeout=10, what="b done")
     wait_until(lambda: not sch._tasks, timeout=5, what="b's task to leave")
+
+
+def test_the_throughput_line_shows_a_low_rate_as_such():
+    """A few steps a minute read as that, not as "0 steps/s" (found by a new-user trial)."""
+    from gen_durable.worker.supervisor import throughput_text
+
+    assert throughput_text({"default": 5 / 60, "email": 0.0, "bulk": 1234.4}) == \
+        "default 0.083 steps/s, email 0 steps/s, bulk 1234 steps/s"
+    assert throughput_text({"q": 9.96}) == "q 10 steps/s"
