@@ -291,13 +291,8 @@ class Flusher:
         fut: Future | None = Future() if wait else None
         with self._cond:
             self._running -= 1
-            pending = self._pending
-            pending.append((entry, fut))
-            # Wake the flusher only when this entry can change its mind (`_take`): the
-            # first of a batch, a full batch, or the last step still running ended. While
-            # it lingers for more, a wake-up per step only takes the GIL from the steps.
-            if len(pending) == 1 or len(pending) >= self.max_batch or self._running <= 0:
-                self._cond.notify_all()
+            self._pending.append((entry, fut))
+            self._cond.notify_all()
         return fut
 
     def commit(self, entry, timeout=COMMIT_TIMEOUT) -> str:

@@ -120,3 +120,23 @@ def test_a_flush_that_needs_more_than_flush_sql_takes_a_transaction_even_alone(
         flush(entries, alone=True)
     sqls = [q["sql"] for q in captured.captured_queries]
     assert sqls[0] == "BEGIN" and sqls[-1] == "COMMIT", sqls
+
+
+def test_an_entry_that_does_not_name_its_parent_still_joins_it_alone(committed, queue_name, caplog):
+    """`needs_transaction` reads a child's parent from its entry (every entry the worker
+    builds carries it). One built without it still gets its parent joined, right after
+    the lone statement, with an error in the log saying so."""
+    from gen_durable.worker.executor import Entry
+
+    parent, child = claimed(queue_name, 2, Plain)
+    with connection.cursor() as cur:
+        cur.execute("UPDATE gen_durable SET parent_id = %s WHERE id = %s", [parent.id, child.id])
+        cur.execute("UPDATE gen_durable SET status = 'awaiting_children', children_pending = 1, locked_by = NULL "
+                    "WHERE id = %s", [parent.id])
+    entry = Entry(id=child.id, worker=WORKER, kind="done", result="{}", fsm=Plain.name, from_step="start")
+    result = flush([entry], alone=True)
+    assert result.committed == {child.id: "done"} and result.woken == {queue_name}
+    with connection.cursor() as cur:
+        cur.execute("SELECT status::text, children_pending FROM gen_durable WHERE id = %s", [parent.id])
+        assert cur.fetchone() == ("runnable", 0)
+    assert "without their parent's join" in caplog.text

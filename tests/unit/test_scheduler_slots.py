@@ -131,6 +131,16 @@ def test_an_async_chains_next_task_stays_known_when_its_commit_beats_the_last_ta
             done.append(entry)
 
     sch.flusher = SimpleNamespace(step_started=lambda: None, step_abandoned=lambda: None, submit=submit)
+    from gen_durable.worker import aio
+
+    futures = []
+    real_submit = aio.submit
+
+    def submit_task(coro):  # each step's task, in order: a's, then b's
+        futures.append(real_submit(coro))
+        return futures[-1]
+
+    aio_submit, aio.submit = aio.submit, submit_task
     job = Claimed(id=7, fsm="tests.AsyncChainGate", fsm_version=1, step="a", state={}, attempt=0, awaits=None,
                   queue="q", priority=0, eligible_at=0.0, concurrency_key=None, concurrency_shard=None,
                   rate_limit=None, weight=1.0, correlation_key=None, parent_id=None, worker="w",
@@ -143,12 +153,13 @@ def test_an_async_chains_next_task_stays_known_when_its_commit_beats_the_last_ta
             sch.buffer.append(job)
             sch._async_buffered = True
             sch._dispatch_locked()
-        wait_until(lambda: am.ASYNC_B_STARTED == [7], timeout=10, what="step b running")
-        time.sleep(0.05)  # step a's task has ended by now
+        wait_until(lambda: am.ASYNC_B_STARTED == [7] and futures[0].done(), timeout=10,
+                   what="step b running and step a's task ended")
         with sch._lock:
             assert len(sch._tasks) == 1, "the running step b's task is unknown to the scheduler"
     finally:
         am.ASYNC_GATE.set()
+        aio.submit = aio_submit
     wait_until(lambda: [e.kind for e in done] == ["done"], timeout=10, what="b done")
     wait_until(lambda: not sch._tasks, timeout=5, what="b's task to leave")
 
