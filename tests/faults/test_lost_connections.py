@@ -17,6 +17,7 @@ from tests.conftest import wait_until
 from tests.durable_app.durable import Recorder
 from tests.durable_app.fault_machines import DbJob, DbMachine
 from tests.faults.conftest import log_lines, tally
+from tests.faults.test_supervision import alive
 from tests.races.test_faults import other_session, statuses
 
 
@@ -196,14 +197,6 @@ def test_control_lost_inside_a_transaction_before_commit_is_a_plain_retryable_er
     assert status == "executing"
 
 
-def _exited(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
-
-
 def test_a_connection_the_server_closed_is_not_untouched(committed):
     """`connections.untouched`: the flusher's check before a lone statement. A session
     the server terminated has sent its error message and closed: one check (no round
@@ -218,7 +211,7 @@ def test_a_connection_the_server_closed_is_not_untouched(committed):
         other.execute("SELECT pg_terminate_backend(%s)", [pid])
     # The server's process for the session is gone (or a zombie): its socket is closed,
     # its error message and end of stream are on ours (loopback, the same host).
-    wait_until(lambda: _exited(pid), what="the server process of the session to exit")
+    wait_until(lambda: not alive(pid), what="the server process of the session to exit")
     assert not engine_connections.untouched()
     connection.close()
 
