@@ -32,11 +32,13 @@ def statements(conn):
     done = [r[0] for r in conn.execute(
         "SELECT id FROM gen_durable WHERE status IN ('done','failed') AND parent_id IS NULL LIMIT 10000")]
     n = len(ids)
-    flush = {"id": ids, "worker": ["seed-worker"] * n, "kind": ["next"] * n, "step": ["s"] * n,
-             "state": [None] * n, "result": [None] * n, "error": [None] * n, "delay": [0.0] * n,
-             "awaits": [None] * n, "timeout": [None] * n, "set_key": [False] * n, "new_key": [None] * n,
-             "rate_limit": [None] * n, "weight": [1.0] * n, "detail": [None] * n, "c_target": [], "c_id": [],
-             "lease": 60.0}
+    # As the flusher sends a batch of one kind (worker/flusher.py `_arrays`): the shared
+    # worker, kind and weight as one value each, the all-NULL columns as NULL.
+    flush = {"id": ids, "worker": None, "worker_1": "seed-worker", "kind": None, "kind_1": "next",
+             "step": ["s"] * n, "state": None, "result": None, "error": None, "delay": None,
+             "awaits": None, "timeout": None, "set_key": None, "new_key": None, "rate_limit": None,
+             "weight": None, "weight_1": 1.0, "detail": None, "c_target": [], "c_id": [],
+             "lease": 60.0, "renew": 40.0, "inline": []}
     target = conn.execute("SELECT id FROM gen_durable WHERE status = 'runnable' LIMIT 1").fetchone()[0]
     return [
         ("pick (batch 50)", sql.PICK, {"queue": "q1", "limit": 50, "worker": "w", "ttl": 60.0, "gates": []}),

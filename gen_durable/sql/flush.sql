@@ -6,7 +6,12 @@
 --   result text[] (JSON), error text[], delay float8[] (retry seconds), awaits text[]
 --   (JSON array of names), timeout float8[] (await seconds or NULL), set_key bool[],
 --   new_key text[], rate_limit text[], weight float8[], detail text[] (JSON object or
---   NULL: the attempt's record for rows that keep an attempt_log — Django tasks);
+--   NULL: the attempt's record for rows that keep an attempt_log — Django tasks).
+--   A column whose every element would be NULL comes as NULL (unnest(a, b, …) pads it
+--   with NULLs), and worker, kind and weight come as in insert_all.sql (db.batch_column):
+--   the array, or NULL when every outcome has the same value, which then comes as
+--   <column>_1 — else a flush of 500 chain steps or jobs parses a dozen arrays of 500
+--   copies. set_key is true or NULL, delay NULL but for a retry.
 --   c_target bigint[], c_id bigint[]: the (owner, signal id) pairs a progressing
 --   outcome consumes (exactly the ids its step was handed);
 --   lease float8: an `inline` row's lease, renewed to this many seconds (LEASE_TTL)
@@ -36,14 +41,15 @@
 --   hash-join over gen_durable_lease — every executing row (and its dead index entries)
 --   per flush — instead of one primary-key probe per outcome (tests/plans).
 WITH input AS MATERIALIZED (
-    SELECT *, 'executing'::gen_durable_status AS claimed
+    SELECT i.*, COALESCE(i.w, %(worker_1)s::text) AS worker, COALESCE(i.k, %(kind_1)s::text) AS kind,
+           COALESCE(i.wt, %(weight_1)s::float8) AS weight, 'executing'::gen_durable_status AS claimed
     FROM unnest(%(id)s::bigint[], %(worker)s::text[], %(kind)s::text[], %(step)s::text[],
                 %(state)s::text[], %(result)s::text[], %(error)s::text[], %(delay)s::float8[],
                 %(awaits)s::text[], %(timeout)s::float8[], %(set_key)s::bool[],
                 %(new_key)s::text[], %(rate_limit)s::text[], %(weight)s::float8[],
                 %(detail)s::text[])
-         AS i(id, worker, kind, step, state, result, error, delay, awaits, timeout, set_key,
-              new_key, rate_limit, weight, detail)
+         AS i(id, w, k, step, state, result, error, delay, awaits, timeout, set_key,
+              new_key, rate_limit, wt, detail)
 ), upd AS (
     UPDATE gen_durable g
     SET status = (CASE i.kind WHEN 'next' THEN 'runnable' WHEN 'retry' THEN 'runnable'

@@ -56,26 +56,38 @@ class FlushResult:
     woken: set = field(default_factory=set)        # queues with rows made runnable by riders
 
 
+def _column(values):
+    """A nullable flush.sql column: NULL when every element is (unnest pads it), else its
+    array literal."""
+    return None if values.count(None) == len(values) else db.pg_array(values)
+
+
 def _arrays(entries):
-    """flush.sql's parameters: one array literal per column (db.pg_array)."""
-    arr = db.pg_array
+    """flush.sql's parameters: one array literal per column (db.pg_array); an all-NULL
+    column as NULL, and worker, kind and weight as one value when the batch shares it
+    (db.batch_column) — a batch of one kind parses no arrays of copies on the server."""
+    col = _column
     settings = get_settings()
-    return {
-        "id": arr([e.id for e in entries]), "worker": arr([e.worker for e in entries]),
-        "kind": arr([e.kind for e in entries]), "step": arr([e.step for e in entries]),
-        "state": arr([e.state for e in entries]), "result": arr([e.result for e in entries]),
-        "error": arr([e.error for e in entries]), "delay": arr([e.delay for e in entries]),
-        "awaits": arr([e.awaits for e in entries]), "timeout": arr([e.timeout for e in entries]),
-        "set_key": arr([e.set_key for e in entries]), "new_key": arr([e.new_key for e in entries]),
-        "rate_limit": arr([e.rate_limit for e in entries]), "weight": arr([e.weight for e in entries]),
-        "detail": arr([e.detail for e in entries]),
-        "c_target": arr([e.id for e in entries for _ in e.consumed]),
-        "c_id": arr([sid for e in entries for sid in e.consumed]),
+    params = {
+        "id": db.pg_array([e.id for e in entries]),
+        "step": col([e.step for e in entries]), "state": col([e.state for e in entries]),
+        "result": col([e.result for e in entries]), "error": col([e.error for e in entries]),
+        # Read only for a retry (its delay) and when a key is set (true).
+        "delay": col([e.delay if e.kind == "retry" else None for e in entries]),
+        "set_key": col([True if e.set_key else None for e in entries]),
+        "awaits": col([e.awaits for e in entries]), "timeout": col([e.timeout for e in entries]),
+        "new_key": col([e.new_key for e in entries]), "rate_limit": col([e.rate_limit for e in entries]),
+        "detail": col([e.detail for e in entries]),
+        "c_target": db.pg_array([e.id for e in entries for _ in e.consumed]),
+        "c_id": db.pg_array([sid for e in entries for sid in e.consumed]),
         "lease": float(settings.LEASE_TTL),
         # An inline row's lease is renewed once a heartbeat's worth of it is spent.
         "renew": float(settings.LEASE_TTL - settings.HEARTBEAT_INTERVAL),
-        "inline": arr([e.id for e in entries if e.kind == "inline"]),
+        "inline": db.pg_array([e.id for e in entries if e.kind == "inline"]),
     }
+    for name in ("worker", "kind", "weight"):
+        params[name], params[name + "_1"] = db.batch_column([getattr(e, name) for e in entries])
+    return params
 
 
 def needs_transaction(entries, limiter=None) -> bool:

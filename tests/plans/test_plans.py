@@ -83,12 +83,12 @@ def test_pick_touches_about_a_batch_of_rows_when_run(scale):
 @pytest.mark.parametrize("name, params", [
     ("LOAD_SIGNALS", {"ids": list(range(1, 51))}),
     ("LOAD_CHILDREN", {"ids": list(range(1, 51))}),
-    ("FLUSH", {k: v for k, v in {
-        "id": [1, 2], "worker": ["w", "w"], "kind": ["next", "done"], "step": ["s", None],
-        "state": [None, None], "result": [None, "{}"], "error": [None, None], "delay": [0.0, 0.0],
-        "awaits": [None, None], "timeout": [None, None], "set_key": [False, False],
-        "new_key": [None, None], "rate_limit": [None, None], "weight": [1.0, 1.0], "detail": [None, None],
-        "c_target": [1], "c_id": [5], "lease": 60.0, "renew": 40.0, "inline": []}.items()}),
+    # A next and a done, as the flusher sends them (`_arrays`: tests below build theirs with it).
+    ("FLUSH", {"id": [1, 2], "worker": None, "worker_1": "w", "kind": ["next", "done"], "kind_1": None,
+               "step": ["s", None], "state": None, "result": [None, "{}"], "error": None, "delay": None,
+               "awaits": None, "timeout": None, "set_key": None, "new_key": None, "rate_limit": None,
+               "weight": None, "weight_1": 1.0, "detail": None, "c_target": [1], "c_id": [5], "lease": 60.0,
+               "renew": 40.0, "inline": []}),
     ("PARK_RECHECK", {"id": [1, 2], "p_target": [1], "p_id": [3]}),
     ("SPAWN_PARK", {"id": [1], "n": [3]}),
     ("JOIN_PARENTS", {"parent_id": [1, 2], "n": [1, 2]}),
@@ -123,13 +123,18 @@ def test_reaper_rides_the_lease_index(scale):
     assert "gen_durable_lease" in index_scans(plan(sql.REAP, {"limit": 1000}))
 
 
+def flush_params(ids, kind, consumed=(), **fields):
+    """flush.sql's parameters for outcomes of `kind` on rows `ids`, as the flusher builds
+    them; consumed: the signal ids the first rows consume, one each."""
+    from gen_durable.worker.executor import Entry
+    from gen_durable.worker.flusher import _arrays
+
+    return _arrays([Entry(id=i, worker="w", kind=kind, step="s", consumed=tuple(consumed[k:k + 1]), **fields)
+                    for k, i in enumerate(ids)])
+
+
 def test_flush_updates_by_primary_key_not_by_the_executing_set(scale):
-    n = 50
-    arrays = {"id": list(range(300, 300 + n)), "worker": ["w"] * n, "kind": ["next"] * n, "step": ["s"] * n,
-              "state": [None] * n, "result": [None] * n, "error": [None] * n, "delay": [0.0] * n,
-              "awaits": [None] * n, "timeout": [None] * n, "set_key": [False] * n, "new_key": [None] * n,
-              "rate_limit": [None] * n, "weight": [1.0] * n, "detail": [None] * n, "c_target": [], "c_id": [], "lease": 60.0,
-              "renew": 40.0, "inline": []}
+    arrays = flush_params(range(300, 350), "next")
     p = plan(sql.FLUSH, arrays)
     update = next(n for n in nodes(p) if n["Node Type"] == "ModifyTable" and n.get("Relation Name") == "gen_durable")
     used = index_scans(update)
@@ -165,13 +170,8 @@ def test_flush_reads_the_inline_rows_inboxes_by_their_target_index(scale):
     and, in the generic plan a prepared flush runs, never a probe per committed row with
     the whole id array as a second key (which walked the array at every probe: its first
     form joined the inboxes with the updated rows, ~20 µs per row)."""
-    n = 50
-    ids = list(range(300, 300 + n))
-    arrays = {"id": ids, "worker": ["w"] * n, "kind": ["inline"] * n, "step": ["s"] * n,
-              "state": ['{"k": 1}'] * n, "result": [None] * n, "error": [None] * n, "delay": [0.0] * n,
-              "awaits": [None] * n, "timeout": [None] * n, "set_key": [False] * n, "new_key": [None] * n,
-              "rate_limit": [None] * n, "weight": [1.0] * n, "detail": [None] * n, "c_target": ids[:5],
-              "c_id": [1, 2, 3, 4, 5], "lease": 60.0, "renew": 40.0, "inline": ids}
+    ids = list(range(300, 350))
+    arrays = flush_params(ids, "inline", consumed=[1, 2, 3, 4, 5], state='{"k": 1}')
     custom, generic = plan(sql.FLUSH, arrays), generic_plan(sql.FLUSH, arrays)
     for whole in (custom, generic):
         inboxes = [n for n in whole["Plans"] if n.get("Parent Relationship") == "Member"][-1]  # UNION ALL's 2nd

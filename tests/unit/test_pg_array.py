@@ -71,3 +71,28 @@ def test_a_repeated_value_renders_like_its_elements(values, cast):
         with connection.cursor() as cur:
             cur.execute(f"SELECT %s::{cast}", [pg_array(values)])
             assert cur.fetchone()[0] == values
+
+
+def test_a_flush_of_one_kind_sends_its_shared_columns_once_and_its_null_columns_as_null(settings):
+    """flush.sql's parameters (worker/flusher.py `_arrays`): worker, kind and weight as one
+    value when the batch shares it, an all-NULL column as NULL (unnest pads it), a column
+    that varies as its array; delay only for a retry, set_key true or NULL."""
+    from gen_durable.worker.executor import Entry
+    from gen_durable.worker.flusher import _arrays
+
+    chain = [Entry(id=i, worker="w-1", kind="inline", step="b", state=None) for i in (3, 4)]
+    p = _arrays(chain)
+    assert (p["worker"], p["worker_1"], p["kind"], p["kind_1"], p["weight"], p["weight_1"]) == \
+        (None, "w-1", None, "inline", None, 1.0)
+    assert [p[c] for c in ("state", "result", "error", "delay", "awaits", "timeout", "set_key",
+                           "new_key", "rate_limit", "detail")] == [None] * 10
+    assert (p["id"], p["step"], p["inline"]) == ("{3,4}", '{"b","b"}', "{3,4}")
+
+    mixed = [Entry(id=1, worker="w-1", kind="retry", delay=2.5, weight=2.0),
+             Entry(id=2, worker="w-2", kind="next", step="s", delay=9.0, set_key=True, new_key="k:1"),
+             Entry(id=5, worker="w-1", kind="done", result='{"ok":true}', set_key=False)]
+    p = _arrays(mixed)
+    assert (p["worker"], p["worker_1"]) == ('{"w-1","w-2","w-1"}', None)
+    assert (p["kind"], p["weight"], p["weight_1"]) == ('{"retry","next","done"}', "{2.0,1.0,1.0}", None)
+    assert (p["delay"], p["set_key"], p["new_key"]) == ("{2.5,NULL,NULL}", "{NULL,t,NULL}", '{NULL,"k:1",NULL}')
+    assert (p["step"], p["result"], p["state"]) == ('{NULL,"s",NULL}', '{NULL,NULL,"{\\"ok\\":true}"}', None)
