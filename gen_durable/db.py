@@ -86,8 +86,8 @@ def pg_array(values) -> str:
     Hot-path batches travel as typed arrays through unnest (docs/design.md#model). psycopg dumps a
     Python list element by element in Python (~120 µs per 50-element array here);
     rendering the literal ourselves and letting the statement's cast (`::bigint[]`,
-    `::text[]`…) parse it server-side costs a fraction of that, and a flush carries
-    sixteen arrays. Elements: None, bool, int, float, str, datetime (ISO 8601).
+    `::text[]`…) parse it server-side costs a fraction of that, and a flush carries up
+    to eighteen arrays. Elements: None, bool, int, float, str, datetime (ISO 8601).
     Homogeneous int, float, bool and str columns (ids, weights, flags, names, JSON
     texts) take a fast path: the str one escapes the whole column in three C-level
     replaces instead of per element.
