@@ -86,8 +86,8 @@ def pg_array(values) -> str:
     Hot-path batches travel as typed arrays through unnest (docs/design.md#model). psycopg dumps a
     Python list element by element in Python (~120 µs per 50-element array here);
     rendering the literal ourselves and letting the statement's cast (`::bigint[]`,
-    `::text[]`…) parse it server-side costs a fraction of that, and a flush carries up
-    to eighteen arrays. Elements: None, bool, int, float, str, datetime (ISO 8601).
+    `::text[]`…) parse it server-side costs a fraction of that (a flush's columns that
+    vary, the id arrays of the other batch statements). Elements: None, bool, int, float, str, datetime (ISO 8601).
     Homogeneous int, float, bool and str columns (ids, weights, flags, names, JSON
     texts) take a fast path: the str one escapes the whole column in three C-level
     replaces instead of per element.
@@ -95,7 +95,7 @@ def pg_array(values) -> str:
     values = values if type(values) is list else list(values)
     kinds = set(map(type, values))
     if len(kinds) == 1 and len(values) > 1 and values.count(values[0]) == len(values):
-        # One repeated value (a flush's worker, its NULL columns, weight 1.0): rendered once.
+        # One repeated value (the state of rows of one shape, a NULL column): rendered once.
         return "{" + ",".join([pg_array(values[:1])[1:-1]] * len(values)) + "}"
     kinds.discard(type(None))
     if kinds == {int} or not kinds:

@@ -1,6 +1,7 @@
 -- flush: apply a batch of step outcomes in one guarded UPDATE (group commit).
 -- Contract: docs/design.md#outcomes, docs/design.md#signals (consume), docs/design.md#decisions.
--- Params (parallel arrays, one element per outcome, sorted by id):
+-- Params (columns of the batch, one element per outcome, sorted by id; all but id may
+--   come as NULL or as one value, below):
 --   id bigint[], worker text[] (the claimant), kind text[] (next | inline | retry |
 --   await | schedule | done | stop), step text[] (NULL keeps), state text[] (JSON, NULL keeps),
 --   result text[] (JSON), error text[], delay float8[] (retry seconds), awaits text[]

@@ -134,11 +134,16 @@ def flush_params(ids, kind, consumed=(), **fields):
 
 
 def test_flush_updates_by_primary_key_not_by_the_executing_set(scale):
-    arrays = flush_params(range(300, 350), "next")
-    p = plan(sql.FLUSH, arrays)
-    update = next(n for n in nodes(p) if n["Node Type"] == "ModifyTable" and n.get("Relation Name") == "gen_durable")
-    used = index_scans(update)
-    assert "gen_durable_pkey" in used and "gen_durable_lease" not in used, used
+    shared = flush_params(range(300, 350), "next")  # one worker, kind and weight: single values
+    mixed = flush_params(range(300, 350), "next", weight=2.0) | {"kind": "{" + ",".join(["next", "done"] * 25) + "}",
+                                                                 "kind_1": None}
+    # The custom plan, and the generic one the worker's prepared statement runs.
+    for arrays in (shared, mixed):
+        for p in (plan(sql.FLUSH, arrays), generic_plan(sql.FLUSH, arrays)):
+            update = next(n for n in nodes(p)
+                          if n["Node Type"] == "ModifyTable" and n.get("Relation Name") == "gen_durable")
+            used = index_scans(update)
+            assert "gen_durable_pkey" in used and "gen_durable_lease" not in used, used
 
 
 def generic_plan(statement, params):
