@@ -87,7 +87,8 @@ def pg_array(values) -> str:
     Python list element by element in Python (~120 µs per 50-element array here);
     rendering the literal ourselves and letting the statement's cast (`::bigint[]`,
     `::text[]`…) parse it server-side costs a fraction of that (a flush's columns that
-    vary, the id arrays of the other batch statements). Elements: None, bool, int, float, str, datetime (ISO 8601).
+    vary, the id arrays of the other batch statements). Elements: None, bool, int,
+    float, str, datetime (ISO 8601).
     Homogeneous int, float, bool and str columns (ids, weights, flags, names, JSON
     texts) take a fast path: the str one escapes the whole column in three C-level
     replaces instead of per element.

@@ -66,10 +66,10 @@ def test_mixed_batch_of_next_retry_done_stop_commits_each_row_in_one_flush(queue
 def test_columns_one_outcome_sets_are_kept_in_a_batch_where_the_others_leave_them_null(queue_name):
     """A column most outcomes of a batch leave NULL travels as an array only when one sets
     it (worker/flusher.py `_arrays`): a retry's delay, a new concurrency key and a weight
-    land on their own rows; the others keep theirs."""
+    land on their own rows; the others keep theirs. The delay is read against the flush's
+    own now() (updated_at, same transaction): exact, no clock."""
     a, b, c = rows(queue_name, 3, state={"n": 0})
     jobs = claim(queue_name)
-    before = db_now()
     result = flush([
         entry(gd.Retry(delay=30), jobs[a.id]),
         entry(gd.Next("second", concurrency_key="acct:7", weight=2), jobs[b.id]),
@@ -77,11 +77,11 @@ def test_columns_one_outcome_sets_are_kept_in_a_batch_where_the_others_leave_the
     ])
     assert result.committed == {a.id: "runnable", b.id: "runnable", c.id: "runnable"}
     got = {r.id: r for r in Instance.objects.filter(id__in=[a.id, b.id, c.id])}
-    assert got[a.id].eligible_at >= before + dt.timedelta(seconds=29)
-    assert (got[b.id].concurrency_key, got[b.id].weight) == ("acct:7", 2.0)
-    assert got[b.id].eligible_at < before + dt.timedelta(seconds=5)
-    assert (got[c.id].concurrency_key, got[c.id].weight, got[c.id].step) == (None, 1.0, "second")
-    assert got[c.id].eligible_at < before + dt.timedelta(seconds=5)
+    assert got[a.id].eligible_at - got[a.id].updated_at == dt.timedelta(seconds=30)
+    assert (got[b.id].concurrency_key, got[b.id].weight, got[b.id].eligible_at) == \
+        ("acct:7", 2.0, got[b.id].updated_at)
+    assert (got[c.id].concurrency_key, got[c.id].weight, got[c.id].step, got[c.id].eligible_at) == \
+        (None, 1.0, "second", got[c.id].updated_at)
 
 
 @pytest.mark.django_db
