@@ -274,6 +274,7 @@ class Flusher:
         self.on_failure = on_failure  # callback(entries) when a flush transaction failed
         self._cond = threading.Condition()
         self._pending: list[tuple] = []
+        self._first_at = 0.0  # monotonic time the oldest pending outcome was submitted
         self._running = 0  # steps started but not yet submitted
         self._stopping = False
         self._used = float("-inf")  # monotonic time the flush connection last answered
@@ -303,6 +304,8 @@ class Flusher:
         fut: Future | None = Future() if wait else None
         with self._cond:
             self._running -= 1
+            if not self._pending:
+                self._first_at = time.monotonic()
             self._pending.append((entry, fut))
             self._cond.notify_all()
         return fut
@@ -324,7 +327,11 @@ class Flusher:
                 self._cond.wait()
             if not self._pending:
                 return None
-            deadline = time.monotonic() + self.max_delay
+            # Group commit: the oldest waiting outcome waits at most max_delay for others
+            # to share its commit, and only while steps that could add one still run.
+            # Counted from its submit, not from here: outcomes that queued during the
+            # previous flush have waited already, so a busy flusher never idles on top.
+            deadline = self._first_at + self.max_delay
             while (len(self._pending) < self.max_batch and self._running > 0 and not self._stopping):
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -336,6 +343,7 @@ class Flusher:
 
     def _loop(self):
         connections.bind("flusher", self.using, tag=getattr(self, "tag", None))
+        self._connect()
         while True:
             batch = self._take()
             if batch is None:
@@ -344,6 +352,16 @@ class Flusher:
             reset_queries()  # DEBUG keeps every query until reset, as after a request
         self._close()
         connections.unbind()
+
+    def _connect(self):
+        """Open the flush connection when the worker starts, not at its first outcome:
+        Django's connection set-up takes tens of milliseconds, which the first commit
+        would otherwise wait for. A server that cannot be reached now is logged; the
+        first flush connects (and retries) as after any lost connection."""
+        try:
+            db.connection(self.using).ensure_connection()
+        except Exception as exc:
+            logger.warning("flusher: could not connect at start-up (%s); connecting at the first flush", exc)
 
     def _close(self):
         self._used = float("-inf")  # a new connection: its first flush starts with BEGIN
@@ -478,6 +496,8 @@ class Flusher:
 
     def _requeue(self, items):
         with self._cond:
+            if not self._pending:
+                self._first_at = time.monotonic()
             self._pending.extend(items)
             self._cond.notify_all()
 

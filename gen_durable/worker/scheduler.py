@@ -471,6 +471,10 @@ class Scheduler:
                     self._check_connections()
                 if task is None and not self._still_ours(job):
                     continue
+                # The flusher waits up to FLUSH.MAX_DELAY for the outcomes of running
+                # steps (group commit); the submit, step_abandoned or abandon_overdue
+                # below balances this.
+                self.flusher.step_started()
                 where = StepWhere(job.fsm, job)  # before the step: a continuation reuses the claim
                 submitted = False
                 try:

@@ -73,7 +73,7 @@ def test_each_roles_connection_terminated_in_turn(committed, engine, queue_name,
     name = role_name(sup, role, queue_name)
     # Terminated while it is idle: a claim or a flush whose COMMIT is cut off is in doubt
     # (the lease settles it, re-running the step). A first instance, done, has every role
-    # connected (the flusher opens its connection at its first flush) and idle.
+    # connected and idle.
     warm = gd.insert(Recorder, state={"log": str(log)}, queue=queue_name)
     wait_until(lambda: statuses(queue_name) == {"done": 1}, what="the first instance done")
     # One long step keeps a row held, so the heartbeat has work to do; it is claimed and

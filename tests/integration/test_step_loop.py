@@ -2,7 +2,7 @@
 transaction open before more steps on the same thread, steps ending at their timeout,
 mixed sync/async/inline chains with cancels, the inputs of continued steps, and a stop
 mid-stream — each instance gets exactly one outcome and the scheduler's books (running,
-buffer, in flight) return to zero (docs/design.md#worker)."""
+buffer, in flight, and the flusher's running steps) return to zero (docs/design.md#worker)."""
 
 import random
 import threading
@@ -25,14 +25,17 @@ def all_terminal(ids):
 
 
 def settled(sched):
-    """The scheduler's books once nothing is left to run."""
+    """The scheduler's books once nothing is left to run, and the flusher's count of
+    steps started but not submitted (its group-commit window waits on it)."""
     with sched._lock:
-        return (sched.running, len(sched.buffer), len(sched.in_flight), sched._continuations, sched.stuck)
+        return (sched.running, len(sched.buffer), len(sched.in_flight), sched._continuations, sched.stuck,
+                sched.flusher._running)
 
 
 def wait_settled(sched, timeout=10):
-    wait_until(lambda: settled(sched) == (0, 0, 0, 0, 0), timeout=timeout,
-               what=f"scheduler books back to zero (running, buffer, in_flight, continuations, stuck)")
+    wait_until(lambda: settled(sched) == (0, 0, 0, 0, 0, 0), timeout=timeout,
+               what="scheduler books back to zero (running, buffer, in_flight, continuations, stuck, "
+                    "flusher running)")
 
 
 # --- 1. the slot handed back with the next take vs the feeder's wake -----------------

@@ -1,0 +1,75 @@
+"""Group commit in a running worker (worker/flusher.py, docs/design.md#outcomes).
+
+FLUSH.MAX_DELAY is how long an outcome may wait for the outcomes of steps still
+running, so that they share one commit; a lone outcome (nothing else running) is
+committed at once. Counted in flushes (telemetry `flush.stop`), not timed, except where a
+bound is the point. The flusher's connection is opened when the worker starts.
+"""
+
+import time
+
+import pytest
+from django.db import connection
+
+import gen_durable as gd
+from tests.conftest import wait_until
+
+
+class Sleeper(gd.Machine):
+    """One step: sleeps state["sleep"] seconds, then done."""
+
+    name = "tests.groupcommit.Sleeper"
+
+    @gd.step
+    def start(self, ctx):
+        time.sleep(ctx.state.get("sleep", 0))
+        return gd.Done()
+
+
+def flush_sizes(events):
+    return [m["count"] for e, m, _ in events if e == "flush.stop"]
+
+
+def with_delay(settings, delay):
+    settings.GEN_DURABLE = {**settings.GEN_DURABLE, "FLUSH": {"MAX_BATCH": 100, "MAX_DELAY": delay}}
+
+
+@pytest.mark.parametrize("delay,expected", [(30, [2]), (0, [1, 1])])
+def test_an_outcome_waits_up_to_max_delay_for_a_running_step(engine, committed, queue_name, settings, events,
+                                                              delay, expected):
+    """Two rows claimed together on two step threads, one done at once, one after 0.3 s:
+    with MAX_DELAY 30 s the first outcome waits for the second and they commit in one
+    flush; with MAX_DELAY 0 each commits alone (the negative control)."""
+    with_delay(settings, delay)
+    ids = gd.insert_all([gd.Spec(Sleeper, state={"sleep": s}, queue=queue_name) for s in (0, 0.3)])
+    engine({queue_name: 2})
+    for id_ in ids:
+        assert gd.await_result(id_, timeout=20).status == "done"
+    assert flush_sizes(events) == expected
+
+
+def test_a_lone_outcome_is_committed_without_waiting_for_max_delay(engine, committed, queue_name, settings, events):
+    """Nothing else runs, so nothing could share the commit: MAX_DELAY (30 s here) is not
+    waited out."""
+    with_delay(settings, 30)
+    engine({queue_name: 2})
+    started = time.monotonic()
+    id_ = gd.insert(Sleeper, queue=queue_name)
+    assert gd.await_result(id_, timeout=10).status == "done"
+    assert time.monotonic() - started < 10
+    assert flush_sizes(events) == [1]
+
+
+def test_the_flusher_connects_when_the_worker_starts(engine, committed, queue_name, events):
+    """Before any outcome: the first commit does not wait for Django's connection set-up."""
+    sup = engine({queue_name: 1})
+    name = f"gen_durable flusher {sup.token}"
+
+    def sessions():
+        with connection.cursor() as cur:
+            cur.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                        "AND application_name = %s", [name])
+            return cur.fetchone()[0]
+
+    wait_until(lambda: sessions() == 1, what="the flusher's connection")
+    assert flush_sizes(events) == [], "connected with nothing to flush yet"

@@ -1,0 +1,77 @@
+"""The flusher's group-commit window (FLUSH.MAX_DELAY, worker/flusher.py): no database.
+
+`_take` hands out the next batch: at once when MAX_BATCH outcomes wait or no step that
+could add one is running; otherwise it waits until the oldest waiting outcome is
+MAX_DELAY old — counted from that outcome's submit, so outcomes that queued while the
+previous flush ran are not held back again.
+"""
+
+import threading
+import time
+
+from gen_durable.worker.flusher import Flusher
+
+
+def take_in_thread(flusher):
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault("batch", flusher._take()), daemon=True)
+    t.start()
+    return t, out
+
+
+def test_an_outcome_waits_for_a_running_step_to_share_its_commit():
+    f = Flusher(max_batch=10, max_delay=30)
+    f.step_started()
+    f.step_started()
+    f.submit("a")                      # one step is still running: its outcome may join
+    t, out = take_in_thread(f)
+    t.join(0.3)
+    assert t.is_alive(), "the batch waits while a step that could join it runs"
+    f.submit("b")                      # the last running step submits: nothing more can come
+    t.join(5)
+    assert [e for e, _ in out["batch"]] == ["a", "b"]
+
+
+def test_no_wait_when_no_step_runs():
+    f = Flusher(max_batch=10, max_delay=30)
+    f.step_started()
+    f.submit("a")                      # no step left running
+    t, out = take_in_thread(f)
+    t.join(5)
+    assert [e for e, _ in out["batch"]] == ["a"]
+
+
+def test_a_full_batch_goes_at_once_and_the_rest_waits_for_the_next():
+    f = Flusher(max_batch=2, max_delay=30)
+    for _ in range(4):
+        f.step_started()
+    for e in "abc":
+        f.submit(e)
+    t, out = take_in_thread(f)
+    t.join(5)
+    assert [e for e, _ in out["batch"]] == ["a", "b"]
+    assert [e for e, _ in f._pending] == ["c"]
+
+
+def test_the_window_counts_from_the_oldest_outcomes_submit_not_from_the_take():
+    """An outcome that already waited MAX_DELAY (the previous flush was running) goes
+    with the next take, though a step still runs: a busy flusher never idles on top."""
+    f = Flusher(max_batch=10, max_delay=1.0)
+    f.step_started()
+    f.step_started()
+    f.submit("a")
+    time.sleep(1.05)                   # as if a flush of 1 s had run meanwhile
+    t, out = take_in_thread(f)
+    t.join(0.5)                        # counted from the take, it would wait another second
+    assert not t.is_alive(), "the oldest outcome had waited its MAX_DELAY already"
+    assert [e for e, _ in out["batch"]] == ["a"]
+
+
+def test_started_and_submitted_steps_balance():
+    f = Flusher(max_batch=10, max_delay=0)
+    for _ in range(3):
+        f.step_started()
+    f.submit("a")
+    f.step_abandoned()                 # a step that submitted nothing
+    f.submit("b")
+    assert f._running == 0
