@@ -40,13 +40,14 @@ def test_every_index_exists_with_its_exact_predicate():
 
 @pytest.mark.django_db
 def test_instance_table_leaves_room_for_hot_updates():
-    """fillfactor 80 (migration 0006): an inline transition's new row version fits on
-    its page, so it can be a HOT update (docs/performance.md, round 8); the autovacuum
-    settings of migration 0001 stay."""
+    """fillfactor 50 (migration 0007; 80 since 0006): the new versions of the rows of a
+    page updated in one flush fit on that page, so an inline transition can be a HOT
+    update (docs/performance.md, rounds 8 and 10); the autovacuum settings of migration
+    0001 stay."""
     with connection.cursor() as cur:
         cur.execute("SELECT reloptions FROM pg_class WHERE oid = 'gen_durable'::regclass")
         options = dict(o.split("=", 1) for o in cur.fetchone()[0])
-    assert options["fillfactor"] == "80"
+    assert options["fillfactor"] == "50"
     assert options["autovacuum_vacuum_scale_factor"] == "0.01"
 
 

@@ -180,6 +180,43 @@ def test_an_inline_transition_is_a_hot_update_that_keeps_lease_and_claim_time(co
     assert hot_updates == 1, "the untouched row's transition is HOT; the renewed one is not"
 
 
+@pytest.mark.parametrize("fillfactor", [None, 80])
+def test_a_wave_of_inline_transitions_is_hot_at_the_tables_fillfactor(committed, queue_name, fillfactor):
+    """Rows inserted and claimed together sit side by side and commit their inline
+    transitions in the same flush: each page must hold the next version of every one of
+    its rows. The table's fillfactor (50, migration 0007) leaves that room: nearly all
+    are HOT updates. The negative control, the earlier 80, leaves room for a few
+    (docs/performance.md, round 10)."""
+    n = 200
+    with connection.cursor() as cur:
+        cur.execute("SELECT reloptions FROM pg_class WHERE oid = 'gen_durable'::regclass")
+        table_options = cur.fetchone()[0]
+        if fillfactor is not None:  # committed (the table was just truncated); restored below
+            cur.execute(f"ALTER TABLE gen_durable SET (fillfactor = {fillfactor})")
+    try:
+        gd.insert_all([gd.Spec(InlineChain, queue=queue_name, state={"pad": "x" * 40}) for _ in range(n)])
+        jobs = claims.pick(queue_name, n, WORKER, 60)
+        assert len(jobs) == n
+        entries = [executor.to_entry(Next("b", state={"k": j.id}), InlineChain, j, consumed=(), presented=(),
+                                     inline=True) for j in jobs]
+        with connection.cursor() as cur, transaction.atomic():  # the counter is this transaction's
+            cur.execute("SELECT pg_stat_get_xact_tuples_hot_updated('gen_durable'::regclass)")
+            before = cur.fetchone()[0]
+            result = flush(entries)
+            cur.execute("SELECT pg_stat_get_xact_tuples_hot_updated('gen_durable'::regclass)")
+            hot = cur.fetchone()[0] - before
+    finally:
+        if fillfactor is not None:
+            with connection.cursor() as cur:
+                restore = dict(o.split("=", 1) for o in table_options)["fillfactor"]
+                cur.execute(f"ALTER TABLE gen_durable SET (fillfactor = {int(restore)})")
+    assert len(result.committed) == n
+    if fillfactor is None:
+        assert hot >= 0.9 * n, f"{hot} of {n} inline transitions HOT"
+    else:
+        assert hot <= 0.5 * n, f"{hot} of {n} HOT at fillfactor {fillfactor}"
+
+
 def test_inline_flush_of_a_row_we_no_longer_own_commits_nothing(committed, queue_name):
     gd.insert(InlineChain, queue=queue_name)
     (job,) = claims.pick(queue_name, 1, WORKER, 60)
