@@ -413,6 +413,11 @@ WORKLOADS = {
     "gd_drain_c16_procs1": drain(20_000, 16, 1, prefetch=200, min_demand=50, supervisor=True),
     "gd_drain_c16_procs2": drain(20_000, 16, 2, prefetch=200, min_demand=50, supervisor=True),
     "gd_drain_c16_procs4": drain(20_000, 16, 4, prefetch=200, min_demand=50, supervisor=True),
+    # ... and in the drains' tuned configuration (one step thread per process, PREFETCH
+    # 500, MIN_DEMAND 100, FLUSH.MAX_BATCH 500), over 200,000 jobs: on 2 cores, where
+    # one process per core saturates (docs/performance.md "Multi-process scaling").
+    **{f"gd_drain_200k_c1_pf500_procs{n}": drain(200_000, 1, n, prefetch=500, min_demand=100, max_batch=500,
+                                                 supervisor=True) for n in (1, 2, 4)},
 }
 # Drains whose clock can start inside or outside worker start-up (run_all.py --startup).
 STARTUP_SENSITIVE = {name for name in WORKLOADS if name.startswith(("gd_drain", "gd_pipeline", "gd_sustained"))}

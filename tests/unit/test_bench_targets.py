@@ -59,3 +59,22 @@ def test_an_interleaved_sitting_runs_one_of_each_per_round_and_summarises_as_run
                      ("b", 1, "inside"), ("a@outside", 2, "outside"), ("b", 2, "inside")]
     assert failed == [] and [s["name"] for s in summaries] == ["a@outside", "b"]
     assert [s["rate_median"] for s in summaries] == [300.0, 400.0] and summaries[0]["runs"] == 3
+
+
+def test_the_drain_clock_looks_finely_near_the_end():
+    """bench/harness.py's poll schedule: coarse (50 ms) while the end is far, fine (10 ms)
+    once 90 % is done or the recent rate puts the rest within 1.5 coarse intervals — so
+    the clock stops within about 10 ms of the last completion instead of up to 50 ms."""
+    nxt = _harness().next_poll
+    coarse, fine = 0.05, 0.01
+    # Far from the end: 1,000 done in the last 50 ms, 10,000 to go.
+    assert nxt(5_000, 15_000, (0.0, 4_000), 0.05, coarse, fine, 0.9) == coarse
+    # 90 % done: fine, whatever the rate.
+    assert nxt(9_000, 10_000, (0.0, 9_000), 0.05, coarse, fine, 0.9) == fine
+    # 75 % done; at 1,000 per 50 ms the last 2,000 are 100 ms away: coarse still.
+    assert nxt(6_000, 8_000, (0.0, 5_000), 0.05, coarse, fine, 0.9) == coarse
+    # ... and the last 1,000 within 50 ms: fine (completions that come in bursts, as an
+    # inline chain's do, are not jumped over by one coarse sleep).
+    assert nxt(7_000, 8_000, (0.0, 6_000), 0.05, coarse, fine, 0.9) == fine
+    # Nothing done since the last look: no rate to go by.
+    assert nxt(100, 8_000, (0.0, 100), 0.05, coarse, fine, 0.9) == coarse
