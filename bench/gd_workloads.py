@@ -85,7 +85,8 @@ def _startup_note(res: dict) -> str:
 
 
 def drain(n: int, concurrency: int, processes: int, *, machine="noop", steps_per=1, prefetch=None,
-          min_demand=None, max_batch=100, max_delay=0.005, supervisor=False, producer: dict | None = None):
+          min_demand=None, max_batch=100, max_delay=0.005, supervisor=False, producer: dict | None = None,
+          speed_probe=False):
     """A drain of ``n`` pre-filled jobs by ``processes`` `rundurable --burst` workers.
 
     supervisor: one `rundurable --processes N` (its own supervisor forks the children)
@@ -125,7 +126,8 @@ def drain(n: int, concurrency: int, processes: int, *, machine="noop", steps_per
         res = harness.drain_with_processes(cmds, done_url=db_url, done_sql=DONE_SQL, expected=n,
                                            env=_env(db_url, env_knobs), cwd=PROJECT, timeout=600,
                                            gate_table="gen_durable", gate_waiters=processes,
-                                           marks=[0, q, 2 * q, 3 * q, n], mark_sql=SIZES_SQL, extra_procs=extra)
+                                           marks=[0, q, 2 * q, 3 * q, n], mark_sql=SIZES_SQL, extra_procs=extra,
+                                           speed_probe=speed_probe)
         steps = n * steps_per
         sample = harness.rate_sample(steps, res["elapsed_s"], unit="steps/s" if steps_per > 1 else "jobs/s")
         sizes = [dict(zip(("mark", "t"), (m["mark"], round(m["t"], 2)))) | dict(zip(SIZES_COLS, m["row"] or ()))
@@ -136,7 +138,7 @@ def drain(n: int, concurrency: int, processes: int, *, machine="noop", steps_per
                           **({"supervisor": "rundurable --processes N"} if supervisor else {}),
                           **({"producer": producer} if producer else {})},
                 "workers_cpu_s": res.get("workers_cpu_s"), "startup_s": res.get("startup_s"),
-                "sizes": sizes,
+                "sizes": sizes, **({"probe": res["probe"]} if res.get("probe") else {}),
                 "note": _startup_note(res)}
 
     return workload
@@ -313,7 +315,7 @@ def sustained(n=200_000, concurrency=50, processes=2, producer=None, prefetch=No
     table/index sizes when each quarter was done."""
     inner = drain(n, concurrency, processes, prefetch=concurrency if prefetch is None else prefetch,
                   min_demand=concurrency // 2 if min_demand is None else min_demand, max_batch=max_batch,
-                  producer=producer)
+                  producer=producer, speed_probe=True)
 
     def workload(db_url: str) -> dict:
         out = inner(db_url)
@@ -321,17 +323,28 @@ def sustained(n=200_000, concurrency=50, processes=2, producer=None, prefetch=No
             stamps = [r[0] for r in conn.execute(
                 "SELECT extract(epoch FROM updated_at) FROM gen_durable ORDER BY updated_at")]
         q = len(stamps) // 4
-        rates = []
+        rates, bounds = [], []
         for i in range(4):
             part = stamps[i * q:(i + 1) * q]
             rates.append(len(part) / max(float(part[-1]) - float(part[0]), 1e-6))
+            bounds.append((float(part[0]), float(part[-1])))
         out["quarter_rates"] = [round(r) for r in rates]
         out["last_vs_first"] = round(rates[3] / rates[0], 3)
+        # The host's speed in each quarter (harness.SpeedProbe) over the first's: a quarter
+        # the host ran 1.3× slower in is read at 1.3× its rate (docs/performance.md, round 10).
+        factors = harness.speed_factors(out.pop("probe", None), bounds)
+        out["host_speed"] = [None if f is None else round(1 / f, 3) for f in factors]
+        if None not in factors:
+            adjusted = [r * f for r, f in zip(rates, factors)]
+            out["last_vs_first_at_host_speed"] = round(adjusted[3] / adjusted[0], 3)
         mb = lambda b: f"{b / 2**20:,.0f}"  # noqa: E731
         sz = "; ".join(f"{m['mark']:,}: {mb(m['heap_bytes'])}+{mb(m['indexes_bytes'])} MB, dead {m['n_dead_tup']:,},"
                        f" av {m['autovacuum_count']}" for m in out["sizes"] if m.get("heap_bytes") is not None)
+        speed = ("" if "last_vs_first_at_host_speed" not in out else
+                 f"; host speed per quarter {', '.join(f'{x:.2f}' for x in out['host_speed'])}, "
+                 f"last/first at the first quarter's host speed = {out['last_vs_first_at_host_speed']:.2f}")
         out["note"] = (f"quarters (jobs/s): {', '.join(f'{r:,.0f}' for r in rates)}; "
-                       f"last/first = {rates[3] / rates[0]:.2f}; {out['note']}; sizes at done = "
+                       f"last/first = {rates[3] / rates[0]:.2f}{speed}; {out['note']}; sizes at done = "
                        f"heap+indexes: {sz}")
         return out
 

@@ -37,6 +37,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -263,6 +264,7 @@ def drain_with_processes(
     poll_interval: float = 0.05,
     fine_from: float = 0.9,
     fine_interval: float = 0.01,
+    speed_probe: bool = False,
     exit_grace: float = 15.0,
     startup: str | None = None,
     gate_table: str | None = None,
@@ -299,6 +301,12 @@ def drain_with_processes(
     ``fine_interval`` after the last completion. (A fixed 50 ms poll put the end up to
     50 ms late — an eighth of a 0.4 s drain — and, with runs of similar length, late by
     about the same amount every run: docs/performance.md "Round 10".)
+
+    ``speed_probe``: also time a fixed loop every 0.2 s on a thread of this process
+    (its CPU time, not the clock: waiting for a core does not count) and return the
+    samples as ``probe`` [(epoch seconds, CPU seconds)]. This host's speed swings by up
+    to 2× within seconds (the loop's CPU time moves from ~16 to ~30 ms on an idle
+    machine); a long drain's quarters are read against it (`speed_factors`).
 
     ``marks``: done-counts at which ``mark_sql`` (one row) is run on the poll
     connection; the rows come back as ``marks`` [{"done", "t", "row"}] (e.g. table
@@ -345,6 +353,7 @@ def drain_with_processes(
             for cmd, log in zip(extra_procs, extra_logs):
                 extra.append(subprocess.Popen(list(cmd), env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
                                               stdin=subprocess.DEVNULL, start_new_session=True))
+            probe = SpeedProbe().start() if speed_probe else None
             last = (start, 0)
             while True:
                 done = int(poll_conn.execute(done_sql).fetchone()[0])
@@ -370,6 +379,7 @@ def drain_with_processes(
                     raise BenchTimeout(f"{done}/{expected} done after {timeout:.0f}s:\n{_tail(logs)}")
                 time.sleep(next_poll(done, expected, last, now, poll_interval, fine_interval, fine_from))
                 last = (now, done)
+            probe_samples = probe.stop() if probe is not None else None
             deadline = time.perf_counter() + exit_grace
             for p in procs:
                 with contextlib.suppress(subprocess.TimeoutExpired):
@@ -379,7 +389,7 @@ def drain_with_processes(
             workers_cpu_s = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
             return {"elapsed_s": elapsed, "worker_exit_s": worker_exit_s,
                     "workers_cpu_s": workers_cpu_s if all(p.poll() is not None for p in procs) else None,
-                    "startup": startup, "startup_s": startup_s, "marks": mark_rows,
+                    "startup": startup, "startup_s": startup_s, "marks": mark_rows, "probe": probe_samples,
                     "log_tail": _tail(logs, 800), "extra_log_tail": _tail(extra_logs, 800)}
         finally:
             if gate is not None:
@@ -388,6 +398,46 @@ def drain_with_processes(
                 _stop_process(p)
             for log in [*logs, *extra_logs]:
                 log.close()
+
+
+class SpeedProbe:
+    """A thread that times a fixed pure-Python loop every `every` s by its own CPU time
+    (time.thread_time): how fast this host runs Python right now, whatever the load."""
+
+    LOOP = 20_000
+
+    def __init__(self, every: float = 0.2):
+        self.every, self.samples = every, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self):
+        self._thread.start()
+        return self
+
+    def _run(self):
+        while not self._stop.wait(self.every):
+            t = time.thread_time()
+            x = 0
+            for k in range(self.LOOP):
+                x += k
+            self.samples.append((time.time(), time.thread_time() - t))
+
+    def stop(self) -> list:
+        self._stop.set()
+        self._thread.join()
+        return self.samples
+
+
+def speed_factors(samples, bounds) -> list:
+    """Per window [(start, end) epoch seconds]: the median probe CPU time in it over the
+    first window's (> 1: the host ran slower then). None where a window has no sample."""
+    medians = []
+    for lo, hi in bounds:
+        inside = sorted(c for t, c in samples or () if lo <= t <= hi)
+        medians.append(inside[len(inside) // 2] if inside else None)
+    ref = medians[0] if medians else None
+    return [None if m is None or not ref else m / ref for m in medians]
 
 
 def next_poll(done: int, expected: int, last: tuple, now: float, poll_interval: float, fine_interval: float,

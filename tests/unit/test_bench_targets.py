@@ -78,3 +78,13 @@ def test_the_drain_clock_looks_finely_near_the_end():
     assert nxt(7_000, 8_000, (0.0, 6_000), 0.05, coarse, fine, 0.9) == fine
     # Nothing done since the last look: no rate to go by.
     assert nxt(100, 8_000, (0.0, 100), 0.05, coarse, fine, 0.9) == coarse
+
+
+def test_a_quarter_is_read_against_the_hosts_speed_in_it():
+    """harness.speed_factors: the median probe time in each window over the first's."""
+    factors = _harness().speed_factors
+    samples = [(1.0, 0.010), (1.5, 0.012), (2.0, 0.011),   # first window: median 0.011
+               (3.0, 0.022), (3.5, 0.021), (4.0, 0.023)]   # a host twice as slow
+    assert factors(samples, [(0.9, 2.1), (2.9, 4.1)]) == [1.0, 0.022 / 0.011]
+    assert factors(samples, [(0.9, 2.1), (5.0, 6.0)]) == [1.0, None]  # no sample: no factor
+    assert factors(None, [(0.9, 2.1)]) == [None]
