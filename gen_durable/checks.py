@@ -145,11 +145,18 @@ def check_timings(app_configs=None, **kwargs):
     return errors
 
 
-def _section(value, name, keys, eid):
-    if value is False:
+# The longest a section's duration may be, in seconds: a thread waits it out in one
+# call (threading caps a wait at TIMEOUT_MAX, ~292 years, and raises past it), and a
+# group-commit window holds every outcome that long while other steps run.
+SECTION_LIMITS = {"MAX_DELAY": (60.0, "60"), "INTERVAL": (86400.0, "86400 (a day)"),
+                  "RETENTION": (100 * 365 * 86400.0, "3153600000 (100 years)")}
+
+
+def _section(value, name, keys, eid, *, may_be_false=True):
+    if value is False and may_be_false:
         return []
     if not isinstance(value, dict):
-        return [Error(f"GEN_DURABLE['{name}'] must be a dict or False, got {value!r}.",
+        return [Error(f"GEN_DURABLE['{name}'] must be a dict{' or False' if may_be_false else ''}, got {value!r}.",
                       hint=f"Keys: {', '.join(keys)}.", id=ID + eid)]
     errors = []
     for k, v in value.items():
@@ -157,11 +164,17 @@ def _section(value, name, keys, eid):
             close = difflib.get_close_matches(str(k), keys, n=1)
             errors.append(Error(f"GEN_DURABLE['{name}'] has an unknown key {k!r}.",
                                 hint=f"Did you mean {close[0]!r}?" if close else f"Keys: {', '.join(keys)}.", id=ID + eid))
-        elif not _num(v, positive=True) or (k == "BATCH" and not _int(v, minimum=1)) or (k == "MAX_BATCH" and not _int(v, minimum=1)):
-            if k in ("RETENTION", "MAX_DELAY") and _num(v):
-                continue  # 0 is meaningful: keep nothing / flush without lingering
+            continue
+        limit, shown = SECTION_LIMITS.get(k, (None, None))
+        zero_ok = k in ("RETENTION", "MAX_DELAY")  # keep nothing / flush without lingering
+        if k in ("BATCH", "MAX_BATCH"):
+            ok = _int(v, minimum=1)
+        else:
+            ok = (_num(v) if zero_ok else _num(v, positive=True)) and math.isfinite(v) and v <= limit
+        if not ok:
             what = ("a positive integer" if k in ("BATCH", "MAX_BATCH")
-                    else "a number of seconds >= 0" if k in ("RETENTION", "MAX_DELAY") else "a positive number of seconds")
+                    else f"a number of seconds >= 0 and <= {shown}" if zero_ok
+                    else f"a positive number of seconds <= {shown}")
             errors.append(Error(f"GEN_DURABLE['{name}']['{k}'] must be {what}, got {v!r}.",
                                 hint="Durations are seconds; batches are ints.", id=ID + eid))
     return errors
@@ -175,7 +188,7 @@ def check_sections(app_configs=None, **kwargs):
     if s.FLUSH is False:
         errors.append(Error("GEN_DURABLE['FLUSH'] cannot be False.", hint="Every outcome goes through the flush (docs/design.md#decisions).", id=ID + "E004"))
     else:
-        errors += _section(s.FLUSH, "FLUSH", ("MAX_BATCH", "MAX_DELAY"), "E004")
+        errors += _section(s.FLUSH, "FLUSH", ("MAX_BATCH", "MAX_DELAY"), "E004", may_be_false=False)
     errors += _section(s.REAPER, "REAPER", ("INTERVAL",), "E004")
     errors += _section(s.GC, "GC", ("INTERVAL", "RETENTION", "BATCH"), "E004")
     return errors

@@ -284,6 +284,10 @@ class Flusher:
         self._thread.start()
         return self
 
+    def alive(self) -> bool:
+        """Whether the flusher thread is running (or was never started)."""
+        return self._thread.is_alive() or self._thread.ident is None
+
     def stop(self, timeout=None):
         with self._cond:
             self._stopping = True

@@ -340,7 +340,17 @@ class Supervisor:
         self.start()
         last = time.monotonic()
         done_before = {q: 0 for q in self.schedulers}
+        code = 0
         while not self._stop.wait(min(self.s.POLL_INTERVAL, 1.0)):
+            dead = self.dead_threads()
+            if dead:
+                # Without its flusher nothing commits, without a feeder its queue is
+                # never claimed — while the heartbeat keeps every held row leased. Stop,
+                # so the rows are handed back and whatever runs this process restarts it.
+                logger.error("worker %s: the %s thread died (see the traceback above); stopping, exit code 1",
+                             self.token, " and ".join(dead))
+                code = 1
+                break
             now = time.monotonic()
             if now - last >= self.config.throughput_every:
                 rates = {q: (s.completed - done_before[q]) / (now - last) for q, s in self.schedulers.items()}
@@ -364,4 +374,10 @@ class Supervisor:
                     db.connection(self.using).close()
         self.stop()
         db.connection(self.using).close()
-        return 0
+        return code
+
+    def dead_threads(self) -> list[str]:
+        """The engine threads a worker cannot go on without that have died: the flusher and
+        the queues' feeders (an exception the loop did not expect)."""
+        dead = [] if self.flusher.alive() else ["flusher"]
+        return dead + [f"feeder {q}" for q, s in self.schedulers.items() if not s._thread.is_alive()]

@@ -3,7 +3,8 @@
 FLUSH.MAX_DELAY is how long an outcome may wait for the outcomes of steps still
 running, so that they share one commit; a lone outcome (nothing else running) is
 committed at once. Counted in flushes (telemetry `flush.stop`), not timed, except where a
-bound is the point. The flusher's connection is opened when the worker starts.
+bound is the point. The flusher's connection is opened when the worker starts, and a
+worker whose flusher thread dies stops.
 """
 
 import time
@@ -73,3 +74,27 @@ def test_the_flusher_connects_when_the_worker_starts(engine, committed, queue_na
 
     wait_until(lambda: sessions() == 1, what="the flusher's connection")
     assert flush_sizes(events) == [], "connected with nothing to flush yet"
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the flusher's, on purpose
+def test_a_worker_whose_flusher_thread_dies_stops_with_exit_code_1(committed, queue_name, monkeypatch, caplog):
+    """Without its flusher nothing commits while the heartbeat keeps every held row leased:
+    the worker notices the dead thread, stops (its held rows are handed back) and exits
+    non-zero, so whatever runs it starts a new one."""
+    import threading
+
+    from gen_durable.worker import flusher as flusher_module
+    from gen_durable.worker.supervisor import Supervisor, WorkerConfig
+
+    def broken(self):
+        raise RuntimeError("flusher bug (test)")
+
+    monkeypatch.setattr(flusher_module.Flusher, "_take", broken)
+    sup = Supervisor(WorkerConfig(queues={queue_name: 1}))
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault("code", sup.run(install_signals=False)), daemon=True)
+    t.start()
+    t.join(30)
+    assert not t.is_alive(), "the worker went on without its flusher"
+    assert out["code"] == 1
+    assert any("the flusher thread died" in r.getMessage() for r in caplog.records)

@@ -219,16 +219,37 @@ def test_heartbeat_warning_waits_until_the_values_are_valid():
         E(4, "GEN_DURABLE['FLUSH']['MAX_BATCH'] must be a positive integer, got 2.5.",
           "Durations are seconds; batches are ints.")]),
     ({"REAPER": {"INTERVAL": -1}}, [
-        E(4, "GEN_DURABLE['REAPER']['INTERVAL'] must be a positive number of seconds, got -1.",
+        E(4, "GEN_DURABLE['REAPER']['INTERVAL'] must be a positive number of seconds <= 86400 (a day), got -1.",
           "Durations are seconds; batches are ints.")]),
+    ({"REAPER": {"INTERVAL": float("inf")}}, [
+        E(4, "GEN_DURABLE['REAPER']['INTERVAL'] must be a positive number of seconds <= 86400 (a day), got inf.",
+          "Durations are seconds; batches are ints.")]),
+    # A thread waits out MAX_DELAY in one call: infinity (or anything past threading's
+    # TIMEOUT_MAX) would raise there and stop every commit of the worker.
+    ({"FLUSH": {"MAX_DELAY": float("inf")}}, [
+        E(4, "GEN_DURABLE['FLUSH']['MAX_DELAY'] must be a number of seconds >= 0 and <= 60, got inf.",
+          "Durations are seconds; batches are ints.")]),
+    ({"FLUSH": {"MAX_DELAY": float("nan")}}, [
+        E(4, "GEN_DURABLE['FLUSH']['MAX_DELAY'] must be a number of seconds >= 0 and <= 60, got nan.",
+          "Durations are seconds; batches are ints.")]),
+    ({"FLUSH": {"MAX_DELAY": 61}}, [
+        E(4, "GEN_DURABLE['FLUSH']['MAX_DELAY'] must be a number of seconds >= 0 and <= 60, got 61.",
+          "Durations are seconds; batches are ints.")]),
+    ({"FLUSH": "fast"}, [
+        E(4, "GEN_DURABLE['FLUSH'] must be a dict, got 'fast'.", "Keys: MAX_BATCH, MAX_DELAY.")]),
     ({"GC": {"BATCH": "10"}}, [
         E(4, "GEN_DURABLE['GC']['BATCH'] must be a positive integer, got '10'.",
           "Durations are seconds; batches are ints.")]),
     ({"GC": {"RETENTION": -1}}, [
-        E(4, "GEN_DURABLE['GC']['RETENTION'] must be a number of seconds >= 0, got -1.",
+        E(4, "GEN_DURABLE['GC']['RETENTION'] must be a number of seconds >= 0 and <= 3153600000 (100 years), got -1.",
+          "Durations are seconds; batches are ints.")]),
+    ({"GC": {"RETENTION": float("inf")}}, [
+        E(4, "GEN_DURABLE['GC']['RETENTION'] must be a number of seconds >= 0 and <= 3153600000 (100 years), got inf.",
           "Durations are seconds; batches are ints.")]),
 ], ids=["flush-typo", "reaper-typo", "gc-typo-and-unknown", "flush-false", "reaper-true", "gc-int",
-        "max-batch-zero", "max-batch-float", "reaper-negative", "gc-batch-string", "retention-negative"])
+        "max-batch-zero", "max-batch-float", "reaper-negative", "reaper-infinite", "max-delay-infinite",
+        "max-delay-nan", "max-delay-over-a-minute", "flush-not-a-dict", "gc-batch-string", "retention-negative",
+        "retention-infinite"])
 def test_flush_reaper_and_gc_sections_are_validated(overrides, expected):
     with override_settings(GEN_DURABLE=overrides):
         assert checks.check_sections() == expected
