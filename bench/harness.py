@@ -296,9 +296,10 @@ def drain_with_processes(
       A workload without a gate table cannot run outside (BenchError).
 
     The done count is polled every ``poll_interval`` s, and every ``fine_interval`` s
-    once ``fine_from`` of ``expected`` is done or the rate since the previous poll says
-    the rest is due within 1.5 coarse intervals: the clock stops at most about
-    ``fine_interval`` after the last completion. (A fixed 50 ms poll put the end up to
+    (at least twice the count's own time) once ``fine_from`` of ``expected`` is done or
+    the rate since the previous poll says the rest is due within 1.5 coarse intervals:
+    the clock stops at most about ``fine_interval`` plus one count after the last
+    completion. (A fixed 50 ms poll put the end up to
     50 ms late — an eighth of a 0.4 s drain — and, with runs of similar length, late by
     about the same amount every run: docs/performance.md "Round 10".)
 
@@ -315,6 +316,7 @@ def drain_with_processes(
     towards ``workers_cpu_s`` exactness.
     """
     startup = startup or STARTUP
+    probe = None
     if startup not in STARTUP_MODES:
         raise BenchError(f"startup must be one of {STARTUP_MODES}, got {startup!r}")
     if startup == "outside" and not (gate_table and gate_waiters):
@@ -356,6 +358,7 @@ def drain_with_processes(
             probe = SpeedProbe().start() if speed_probe else None
             last = (start, 0)
             while True:
+                asked = time.perf_counter()
                 done = int(poll_conn.execute(done_sql).fetchone()[0])
                 now = time.perf_counter()
                 while pending_marks and done >= pending_marks[0]:
@@ -377,9 +380,14 @@ def drain_with_processes(
                     )
                 if now - start > timeout:
                     raise BenchTimeout(f"{done}/{expected} done after {timeout:.0f}s:\n{_tail(logs)}")
-                time.sleep(next_poll(done, expected, last, now, poll_interval, fine_interval, fine_from))
+                # The fine interval is at least twice the count's own time (~25 ms over a
+                # 200k-row table, a parallel scan): the poll never keeps more than a third
+                # of a backend busy beside the drain it times.
+                fine = max(fine_interval, 2 * (now - asked))
+                time.sleep(next_poll(done, expected, last, now, poll_interval, fine, fine_from))
                 last = (now, done)
             probe_samples = probe.stop() if probe is not None else None
+            probe = None
             deadline = time.perf_counter() + exit_grace
             for p in procs:
                 with contextlib.suppress(subprocess.TimeoutExpired):
@@ -392,6 +400,8 @@ def drain_with_processes(
                     "startup": startup, "startup_s": startup_s, "marks": mark_rows, "probe": probe_samples,
                     "log_tail": _tail(logs, 800), "extra_log_tail": _tail(extra_logs, 800)}
         finally:
+            if probe is not None:  # the drain failed: the probe's thread must not outlive it
+                probe.stop()
             if gate is not None:
                 gate.close()
             for p in [*extra, *procs]:

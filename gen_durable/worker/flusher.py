@@ -262,8 +262,14 @@ class Flusher:
     """The group-commit thread of one worker process."""
 
     def __init__(self, *, using=None, max_batch=100, max_delay=0.005, limiter=None, on_commit=None,
-                 on_failure=None, retry_window=None):
+                 on_failure=None, retry_window=None, young=None):
         self.using = using
+        # young(seconds) -> whether a step started less than that long ago is still
+        # running (the supervisor asks its schedulers). The window waits only for those:
+        # a step that has already run longer than it is not about to finish, and waiting
+        # for it would hold every other outcome — an inline chain's each link — for the
+        # whole window. None: every running step counts.
+        self.young = young
         self.retry_window = retry_window  # seconds a failing flush is retried (default: LEASE_TTL)
         self.retries = 0
         self._deferred_since: dict = {}  # id -> monotonic time its outcome was first blocked
@@ -332,11 +338,14 @@ class Flusher:
             if not self._pending:
                 return None
             # Group commit: the oldest waiting outcome waits at most max_delay for others
-            # to share its commit, and only while steps that could add one still run.
-            # Counted from its submit, not from here: outcomes that queued during the
-            # previous flush have waited already, so a busy flusher never idles on top.
+            # to share its commit, and only while steps that could add one in time run
+            # (started within the window). Counted from its submit, not from here:
+            # outcomes that queued during the previous flush have waited already, so a
+            # busy flusher never idles on top.
             deadline = self._first_at + self.max_delay
-            while (len(self._pending) < self.max_batch and self._running > 0 and not self._stopping):
+            young = self.young
+            while (len(self._pending) < self.max_batch and self._running > 0 and not self._stopping
+                   and (young is None or young(self.max_delay))):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break

@@ -143,6 +143,7 @@ class Scheduler:
         # dispatch scans the buffer for them only then (not on every dispatch).
         self._async_buffered = False
         self._tasks: dict = {}  # token -> concurrent Future of a running async step's task
+        self._async_started: dict = {}  # token -> monotonic time that async step started
         # Re-checked rows that started, and (monotonic time, that count) at the last
         # re-check: their start rate sizes the next re-check batch (`_recheck_limit`).
         self._rechecked_starts = 0
@@ -258,6 +259,18 @@ class Scheduler:
 
     def idle(self) -> bool:
         return not self.in_flight and not self.buffer
+
+    def young(self, window: float) -> bool:
+        """Whether this queue may hand the flusher another outcome within `window` seconds:
+        rows wait in the buffer (the next step starts at once), or a step runs that started
+        less than `window` ago. A step that has run longer is not counted — the group
+        commit does not hold other outcomes for it (FLUSH.MAX_DELAY). Read without the
+        lock: a hint, as the flusher only decides how long to wait."""
+        if self.buffer:
+            return True
+        since = time.monotonic() - window
+        return (any(r.active and r.started > since for r in tuple(self._runs.values()))
+                or any(t > since for t in tuple(self._async_started.values())))
 
     def demand(self) -> int:
         """Rows the feeder may claim now.
@@ -392,6 +405,7 @@ class Scheduler:
         # Keyed by a token of this task, not the row: a chain's next step may start as a
         # task of its own before the task that committed its transition has ended.
         token = object()
+        self._async_started[token] = time.monotonic()
         self._tasks[token] = aio.submit(self._async_step(job, token))
 
     async def _async_step(self, job, token):
@@ -415,6 +429,7 @@ class Scheduler:
             with self._lock:
                 self.running -= 1
                 self._tasks.pop(token, None)
+                self._async_started.pop(token, None)
                 self._dispatch_locked()
 
     def _step_loop(self):

@@ -85,7 +85,8 @@ class Supervisor:
         self.token = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.flusher = Flusher(using=self.using, max_batch=self.s.FLUSH["MAX_BATCH"],
                                max_delay=self.s.FLUSH["MAX_DELAY"], limiter=self.limiter,
-                               on_commit=self._on_commit, on_failure=self._on_failure)
+                               on_commit=self._on_commit, on_failure=self._on_failure,
+                               young=lambda window: any(s.young(window) for s in self.schedulers.values()))
         self.schedulers = {
             q: Scheduler(q, n, worker_id=worker_prefix(q) + self.token, prefix=worker_prefix(q),
                          flusher=self.flusher, limiter=self.limiter, settings=self.s,

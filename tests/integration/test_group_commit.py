@@ -7,6 +7,7 @@ bound is the point. The flusher's connection is opened when the worker starts, a
 worker whose flusher thread dies stops.
 """
 
+import threading
 import time
 
 import pytest
@@ -17,18 +18,45 @@ from tests.conftest import wait_until
 
 
 class Sleeper(gd.Machine):
-    """One step: sleeps state["sleep"] seconds, then done."""
+    """One step: sleeps state["sleep"] seconds, then done. With state["after"], it first
+    waits (up to 10 s) until a step with state["tag"] == that has started."""
 
     name = "tests.groupcommit.Sleeper"
+    STARTED: dict = {}
 
     @gd.step
     def start(self, ctx):
+        tag = ctx.state.get("tag")
+        if tag:
+            self.STARTED.setdefault(tag, threading.Event()).set()
+        after = ctx.state.get("after")
+        if after:
+            self.STARTED.setdefault(after, threading.Event()).wait(10)
         time.sleep(ctx.state.get("sleep", 0))
         return gd.Done()
 
 
+class Chain(gd.Machine):
+    """state["n"] inline steps in a row, nothing else."""
+
+    name = "tests.groupcommit.Chain"
+    inline_execution = True
+
+    @gd.step
+    def start(self, ctx):
+        n = ctx.state["n"] - 1
+        return gd.Done() if n <= 0 else gd.Next("start", state={"n": n})
+
+
 def flush_sizes(events):
     return [m["count"] for e, m, _ in events if e == "flush.stop"]
+
+
+def flushed(events, n):
+    """The flush sizes once `n` outcomes were flushed (flush.stop follows the commit a
+    waiter may already have seen)."""
+    wait_until(lambda: sum(flush_sizes(events)) >= n, what=f"{n} outcomes flushed")
+    return flush_sizes(events)
 
 
 def with_delay(settings, delay):
@@ -38,15 +66,18 @@ def with_delay(settings, delay):
 @pytest.mark.parametrize("delay,expected", [(30, [2]), (0, [1, 1])])
 def test_an_outcome_waits_up_to_max_delay_for_a_running_step(engine, committed, queue_name, settings, events,
                                                               delay, expected):
-    """Two rows claimed together on two step threads, one done at once, one after 0.3 s:
-    with MAX_DELAY 30 s the first outcome waits for the second and they commit in one
-    flush; with MAX_DELAY 0 each commits alone (the negative control)."""
+    """Two rows claimed together on two step threads, one done as soon as the other has
+    started, the other 0.3 s later: with MAX_DELAY 30 s the first outcome waits for the
+    second and they commit in one flush; with MAX_DELAY 0 each commits alone (the
+    negative control)."""
     with_delay(settings, delay)
-    ids = gd.insert_all([gd.Spec(Sleeper, state={"sleep": s}, queue=queue_name) for s in (0, 0.3)])
+    tag = f"slow-{queue_name}"
+    ids = gd.insert_all([gd.Spec(Sleeper, state={"after": tag}, queue=queue_name),
+                         gd.Spec(Sleeper, state={"tag": tag, "sleep": 0.3}, queue=queue_name)])
     engine({queue_name: 2})
     for id_ in ids:
         assert gd.await_result(id_, timeout=20).status == "done"
-    assert flush_sizes(events) == expected
+    assert flushed(events, 2) == expected
 
 
 def test_a_lone_outcome_is_committed_without_waiting_for_max_delay(engine, committed, queue_name, settings, events):
@@ -58,7 +89,26 @@ def test_a_lone_outcome_is_committed_without_waiting_for_max_delay(engine, commi
     id_ = gd.insert(Sleeper, queue=queue_name)
     assert gd.await_result(id_, timeout=10).status == "done"
     assert time.monotonic() - started < 10
-    assert flush_sizes(events) == [1]
+    assert flushed(events, 1) == [1]
+
+
+def test_a_long_running_step_does_not_hold_the_other_outcomes(engine, committed, queue_name, settings, events):
+    """A step that has run longer than MAX_DELAY is not about to finish: outcomes do not
+    wait for it. Here, beside a 30 s step, a 100-link inline chain (each link commits
+    before the next starts) with MAX_DELAY 0.1 s: held for the long step, every link
+    would wait the whole window (10 s in all); it takes well under a second. (The long
+    step is handed back when the worker stops at the end of the test.)"""
+    with_delay(settings, 0.1)
+    tag = f"long-{queue_name}"
+    gd.insert(Sleeper, state={"tag": tag, "sleep": 30}, queue=queue_name)
+    engine({queue_name: 2})
+    assert Sleeper.STARTED.setdefault(tag, threading.Event()).wait(10), "the long step started"
+    time.sleep(0.15)  # it is older than the window now
+    started = time.monotonic()
+    chain = gd.insert(Chain, state={"n": 100}, queue=queue_name)
+    assert gd.await_result(chain, timeout=30).status == "done"
+    took = time.monotonic() - started
+    assert took < 3, f"the chain took {took:.1f}s: its links waited for the long step"
 
 
 def test_the_flusher_connects_when_the_worker_starts(engine, committed, queue_name, events):
@@ -81,8 +131,6 @@ def test_a_worker_whose_flusher_thread_dies_stops_with_exit_code_1(committed, qu
     """Without its flusher nothing commits while the heartbeat keeps every held row leased:
     the worker notices the dead thread, stops (its held rows are handed back) and exits
     non-zero, so whatever runs it starts a new one."""
-    import threading
-
     from gen_durable.worker import flusher as flusher_module
     from gen_durable.worker.supervisor import Supervisor, WorkerConfig
 

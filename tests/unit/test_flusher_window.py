@@ -75,3 +75,34 @@ def test_started_and_submitted_steps_balance():
     f.step_abandoned()                 # a step that submitted nothing
     f.submit("b")
     assert f._running == 0
+
+
+def test_outcomes_handed_over_later_do_not_extend_the_oldest_ones_window():
+    f = Flusher(max_batch=10, max_delay=1.0)
+    for _ in range(3):
+        f.step_started()
+    f.submit("a")
+    time.sleep(0.5)
+    f.submit("b")                      # a later outcome: "a" still goes at a's deadline
+    t, out = take_in_thread(f)
+    t.join(0.8)                        # "a"'s window ends 0.5 s from here; b's would end 1 s from here
+    assert not t.is_alive(), "the window slid to the newest outcome"
+    assert [e for e, _ in out["batch"]] == ["a", "b"]
+
+
+def test_no_wait_for_a_step_that_has_run_longer_than_the_window():
+    """young(window) says whether a step that started within the window still runs (the
+    supervisor asks its schedulers): an old, long step holds no outcome back."""
+    asked = []
+
+    def young(window):
+        asked.append(window)
+        return False
+
+    f = Flusher(max_batch=10, max_delay=30, young=young)
+    f.step_started()
+    f.step_started()
+    f.submit("a")                      # one step still runs, but it is not young
+    t, out = take_in_thread(f)
+    t.join(5)
+    assert [e for e, _ in out["batch"]] == ["a"] and asked == [30]

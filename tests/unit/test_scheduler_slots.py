@@ -171,3 +171,25 @@ def test_the_throughput_line_shows_a_low_rate_as_such():
     assert throughput_text({"default": 5 / 60, "email": 0.0, "bulk": 1234.4}) == \
         "default 0.083 steps/s, email 0 steps/s, bulk 1234 steps/s"
     assert throughput_text({"q": 9.96}) == "q 10 steps/s"
+
+
+def test_a_queue_is_young_while_rows_wait_or_a_step_started_within_the_window():
+    """Scheduler.young(window): what the flusher's group-commit window waits for."""
+    from gen_durable.worker.scheduler import Run
+
+    sch = scheduler()
+    assert not sch.young(1.0)                              # nothing buffered, nothing running
+    sch.buffer.append(SimpleNamespace(id=1))
+    assert sch.young(1.0)                                  # the next step starts at once
+    sch.buffer.clear()
+    run = Run(SimpleNamespace(id=2))
+    run.started, run.active = time.monotonic() - 5.0, True
+    sch._runs[threading.current_thread()] = run
+    assert not sch.young(1.0)                              # running for 5 s: not about to finish
+    assert sch.young(10.0)
+    run.started = time.monotonic()
+    assert sch.young(1.0)                                  # just started
+    run.active = False
+    assert not sch.young(1.0)                              # between steps
+    sch._async_started[object()] = time.monotonic()
+    assert sch.young(1.0)                                  # an async step just started
