@@ -343,9 +343,8 @@ class Flusher:
             # outcomes that queued during the previous flush have waited already, so a
             # busy flusher never idles on top.
             deadline = self._first_at + self.max_delay
-            young = self.young
             while (len(self._pending) < self.max_batch and self._running > 0 and not self._stopping
-                   and (young is None or young(self.max_delay))):
+                   and self._young()):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
@@ -353,6 +352,17 @@ class Flusher:
             batch = self._pending[: self.max_batch]
             del self._pending[: self.max_batch]
             return batch
+
+    def _young(self) -> bool:
+        """self.young(max_delay), and True when there is none or it fails: the window then
+        waits for every running step, as it would without the hint."""
+        if self.young is None:
+            return True
+        try:
+            return bool(self.young(self.max_delay))
+        except Exception:
+            logger.debug("young() failed; waiting for every running step", exc_info=True)
+            return True
 
     def _loop(self):
         connections.bind("flusher", self.using, tag=getattr(self, "tag", None))

@@ -106,3 +106,19 @@ def test_no_wait_for_a_step_that_has_run_longer_than_the_window():
     t, out = take_in_thread(f)
     t.join(5)
     assert [e for e, _ in out["batch"]] == ["a"] and asked == [30]
+
+
+def test_a_failing_young_hint_falls_back_to_waiting_for_every_running_step():
+    def young(window):
+        raise RuntimeError("hint broke")
+
+    f = Flusher(max_batch=10, max_delay=30, young=young)
+    f.step_started()
+    f.step_started()
+    f.submit("a")
+    t, out = take_in_thread(f)
+    t.join(0.3)
+    assert t.is_alive(), "the flusher thread survived and waits as without the hint"
+    f.submit("b")
+    t.join(5)
+    assert [e for e, _ in out["batch"]] == ["a", "b"]
