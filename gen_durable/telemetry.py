@@ -25,7 +25,7 @@ never breaks the engine. `duration` measurements are seconds (float).
 | schedule.fired         | count (1)                                 | schedule, tick, late (s) |
 | schedule.skipped       | count (1)                                 | schedule, tick, late (s) |
 | gc.swept               | count, buckets, gates                     |                       |
-| flush.stop             | count, stale, duration                    |                       |
+| flush.stop             | count, stale, duration, held (waited for the FLUSH.MAX_DELAY window) |  |
 | flush.error            | count                                     | error                 |
 | producer.flush         | count, duplicates, duration               |                       |
 | producer.error         | count                                     | error                 |

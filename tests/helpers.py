@@ -83,3 +83,17 @@ def record_rechecks(monkeypatch) -> list:
 
     monkeypatch.setattr(scheduler, "still_owned", counting)
     return calls
+
+
+def sessions(application_name):
+    """Sessions of this test database with that application_name (pg_stat_activity)."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND application_name = %s", [application_name])
+        return cur.fetchone()[0]
+
+
+def role_name(sup, role, queue):
+    """The application_name of `role`'s connection in worker `sup`."""
+    part = {"feeder": f"feeder {queue}", "listener": "listener gen_durable"}.get(role, role)
+    return f"gen_durable {part} {sup.token}"

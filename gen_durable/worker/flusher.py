@@ -262,8 +262,9 @@ class Flusher:
     """The group-commit thread of one worker process."""
 
     def __init__(self, *, using=None, max_batch=100, max_delay=0.005, limiter=None, on_commit=None,
-                 on_failure=None, retry_window=None, young=None):
+                 on_failure=None, retry_window=None, young=None, clock=time.monotonic):
         self.using = using
+        self.clock = clock  # the window's clock (monotonic seconds)
         # young(seconds) -> whether a step started less than that long ago is still
         # running (the supervisor asks its schedulers). The window waits only for those:
         # a step that has already run longer than it is not about to finish, and waiting
@@ -280,7 +281,8 @@ class Flusher:
         self.on_failure = on_failure  # callback(entries) when a flush transaction failed
         self._cond = threading.Condition()
         self._pending: list[tuple] = []
-        self._first_at = 0.0  # monotonic time the oldest pending outcome was submitted
+        self._first_at = 0.0  # self.clock() when the oldest pending outcome was submitted
+        self._held = False  # whether the batch being flushed waited for the window
         self._running = 0  # steps started but not yet submitted
         self._stopping = False
         self._used = float("-inf")  # monotonic time the flush connection last answered
@@ -315,7 +317,7 @@ class Flusher:
         with self._cond:
             self._running -= 1
             if not self._pending:
-                self._first_at = time.monotonic()
+                self._first_at = self.clock()
             self._pending.append((entry, fut))
             self._cond.notify_all()
         return fut
@@ -343,12 +345,15 @@ class Flusher:
             # outcomes that queued during the previous flush have waited already, so a
             # busy flusher never idles on top.
             deadline = self._first_at + self.max_delay
+            held = False
             while (len(self._pending) < self.max_batch and self._running > 0 and not self._stopping
                    and self._young()):
-                left = deadline - time.monotonic()
+                left = deadline - self.clock()
                 if left <= 0:
                     break
+                held = True
                 self._cond.wait(left)
+            self._held = held
             batch = self._pending[: self.max_batch]
             del self._pending[: self.max_batch]
             return batch
@@ -438,7 +443,7 @@ class Flusher:
                     return self._fail(batch, exc, reconnect=True)
                 return self._unstorable(batch, exc)
         telemetry.emit("flush.stop", {"count": len(entries), "stale": len(result.stale),
-                                      "duration": time.perf_counter() - started}, {})
+                                      "duration": time.perf_counter() - started, "held": self._held}, {})
         if self.on_commit is not None:
             try:
                 self.on_commit(result, entries)
@@ -520,7 +525,7 @@ class Flusher:
     def _requeue(self, items):
         with self._cond:
             if not self._pending:
-                self._first_at = time.monotonic()
+                self._first_at = self.clock()
             self._pending.extend(items)
             self._cond.notify_all()
 

@@ -18,6 +18,7 @@ from tests.durable_app.durable import Recorder
 from tests.durable_app.fault_machines import DbJob, DbMachine
 from tests.faults.conftest import log_lines, tally
 from tests.faults.test_supervision import alive
+from tests.helpers import role_name, sessions
 from tests.races.test_faults import other_session, statuses
 
 
@@ -28,19 +29,6 @@ def terminate(where="", params=()):
                     "WHERE datname = current_database() AND pid <> pg_backend_pid() "
                     "AND backend_type = 'client backend' " + where, list(params))
         return cur.fetchone()[0]
-
-
-def sessions(application_name):
-    with connection.cursor() as cur:
-        cur.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                    "AND application_name = %s", [application_name])
-        return cur.fetchone()[0]
-
-
-def role_name(sup, role, queue):
-    """The application_name of `role`'s connection in worker `sup`."""
-    part = {"feeder": f"feeder {queue}", "listener": "listener gen_durable"}.get(role, role)
-    return f"gen_durable {part} {sup.token}"
 
 
 def run_once_each(ids, log, queue, timeout):
