@@ -1,6 +1,6 @@
 """The admin in a real browser: headless Chromium driven by Selenium (docs/admin.md).
 
-Needs the Debian packages `chromium` and `chromium-driver` (.ci/run installs them) and
+Needs the Debian packages `chromium` and `chromium-driver` (scripts/test installs them) and
 `selenium` (the test extra). Every page visited is saved as a PNG in
 $GEN_DURABLE_SCREENSHOTS (default build/screenshots/); docs/img/admin/ holds copies.
 """
@@ -30,7 +30,8 @@ SHOTS = Path(os.environ.get("GEN_DURABLE_SCREENSHOTS", Path(__file__).resolve().
 QUEUE = "browser_q"
 
 pytestmark = pytest.mark.skipif(not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)),
-                                reason="needs the Debian packages chromium and chromium-driver (.ci/run installs them)")
+                                reason="needs the Debian packages chromium and chromium-driver (scripts/test installs them "
+                                       "when run as root with apt)")
 
 
 class AdminInBrowser(StaticLiveServerTestCase):

@@ -127,7 +127,7 @@ def _ip(*args, check=True):
 def namespaces_unavailable() -> str | None:
     """Why this machine cannot make network namespaces (None when it can)."""
     if shutil.which("ip") is None:
-        return "iproute2's `ip` is not installed (.ci/run installs the Debian package)"
+        return "needs the Debian package iproute2 (scripts/test installs it when run as root with apt)"
     probe = f"gdprobe{os.getpid()}"
     done = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
     if done.returncode:

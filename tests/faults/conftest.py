@@ -126,7 +126,7 @@ def pgbouncer():
     """start(pool_size=1) → a PgBouncer in transaction mode in front of the shared server."""
     binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
     if not os.path.exists(binary):
-        pytest.fail("pgbouncer is not installed (.ci/run installs the Debian package)")
+        pytest.skip("needs the Debian package pgbouncer (scripts/test installs it when run as root with apt)")
     started = []
 
     def start(pool_size=1):

@@ -177,7 +177,8 @@ def test_a_queue_nothing_uses_gets_a_did_you_mean(transactional_db):
 
 def test_an_unmigrated_database_is_refused_at_start_up(transactional_db):
     """Without gen_durable's tables every pick and sweep would fail forever: refuse to start."""
-    name = f"gd_unmigrated_{os.getpid()}"
+    # Named after the test database, so the suite creates only databases named like its own.
+    name = f"{connection.settings_dict['NAME']}_unmigrated"
     with connection.cursor() as cur:
         cur.execute(f"DROP DATABASE IF EXISTS {name}")
         cur.execute(f"CREATE DATABASE {name}")
@@ -190,3 +191,5 @@ def test_an_unmigrated_database_is_refused_at_start_up(transactional_db):
     finally:
         with connection.cursor() as cur:
             cur.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+            cur.execute("SELECT count(*) FROM pg_database WHERE datname = %s", [name])
+            assert cur.fetchone()[0] == 0
