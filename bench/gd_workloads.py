@@ -85,7 +85,7 @@ def _startup_note(res: dict) -> str:
 
 
 def drain(n: int, concurrency: int, processes: int, *, machine="noop", steps_per=1, prefetch=None,
-          min_demand=None, max_batch=100, max_delay=0.005, supervisor=False, producer: dict | None = None,
+          min_demand=None, max_batch=None, max_delay=None, supervisor=False, producer: dict | None = None,
           speed_probe=False):
     """A drain of ``n`` pre-filled jobs by ``processes`` `rundurable --burst` workers.
 
@@ -95,7 +95,10 @@ def drain(n: int, concurrency: int, processes: int, *, machine="noop", steps_per
     the drain, topping the runnable backlog up to ``backlog`` in insert_all batches of
     ``batch`` (continuous inserts); table/index sizes are sampled at every quarter.
     """
-    knobs = {"QUEUES": {"default": concurrency}, "FLUSH": {"MAX_BATCH": max_batch, "MAX_DELAY": max_delay}}
+    knobs = {"QUEUES": {"default": concurrency}}
+    if max_batch is not None or max_delay is not None:  # else the defaults (FLUSH left out)
+        knobs["FLUSH"] = {"MAX_BATCH": 500 if max_batch is None else max_batch,
+                          "MAX_DELAY": 0.005 if max_delay is None else max_delay}
     if prefetch is not None:
         knobs["PREFETCH"] = prefetch
     if min_demand is not None:
@@ -352,7 +355,14 @@ def sustained(n=200_000, concurrency=50, processes=2, producer=None, prefetch=No
 
 
 WORKLOADS = {
+    # What a user gets without a knob: QUEUES {"default": 10}, the adaptive claim-ahead
+    # (PREFETCH / MIN_DEMAND None), FLUSH {"MAX_BATCH": 100, "MAX_DELAY": 0.005}.
+    "gd_drain_defaults_p1": drain(20_000, 10, 1),
     "gd_drain_c10_p1": drain(20_000, 10, 1),
+    # The same with the claim-ahead of the old defaults (PREFETCH 0, MIN_DEMAND 1): the cliff.
+    "gd_drain_c10_p1_pf0": drain(20_000, 10, 1, prefetch=0, min_demand=1, max_batch=100),
+    # The best one-process setting of the tuning sweep (docs/performance.md, "Tuning").
+    "gd_drain_tuned_p1": drain(20_000, 1, 1, prefetch=500, min_demand=100, max_batch=500),
     "gd_drain_c50_p1": drain(20_000, 50, 1, prefetch=50, min_demand=25),
     "gd_drain_c50_p2": drain(20_000, 50, 2, prefetch=50, min_demand=25),
     "gd_drain_c100_p2": drain(20_000, 100, 2, prefetch=100, min_demand=50),

@@ -103,15 +103,16 @@ def check_timings(app_configs=None, **kwargs):
     if not _num(s.DRAIN_TIMEOUT):
         errors.append(Error(f"GEN_DURABLE['DRAIN_TIMEOUT'] must be seconds >= 0, got {s.DRAIN_TIMEOUT!r}.",
                             hint="Seconds in-flight steps get on shutdown.", id=ID + "E003"))
-    if not _int(s.PREFETCH):
-        errors.append(Error(f"GEN_DURABLE['PREFETCH'] must be an int >= 0, got {s.PREFETCH!r}.",
-                            hint="Rows a queue claims beyond its free step threads: 0 (the default) for long "
-                                 "steps, a few hundred for many short ones (docs/guide.md, Tuning throughput).",
+    if s.PREFETCH is not None and not _int(s.PREFETCH):
+        errors.append(Error(f"GEN_DURABLE['PREFETCH'] must be None or an int >= 0, got {s.PREFETCH!r}.",
+                            hint="Rows a queue claims beyond its free step threads: None (the default) sizes it "
+                                 "from the measured step rate; an int fixes it (docs/guide.md, Tuning throughput).",
                             id=ID + "E003"))
-    if not _int(s.MIN_DEMAND, minimum=1):
-        errors.append(Error(f"GEN_DURABLE['MIN_DEMAND'] must be an int >= 1, got {s.MIN_DEMAND!r}.",
-                            hint="Free slots a queue waits for before it claims: 1 (the default), or e.g. 100 "
-                                 "with PREFETCH 500 (docs/guide.md, Tuning throughput).", id=ID + "E003"))
+    if s.MIN_DEMAND is not None and not _int(s.MIN_DEMAND, minimum=1):
+        errors.append(Error(f"GEN_DURABLE['MIN_DEMAND'] must be None or an int >= 1, got {s.MIN_DEMAND!r}.",
+                            hint="Free slots a queue waits for before it claims: None (the default) follows the "
+                                 "claim-ahead; an int fixes it, e.g. 100 with PREFETCH 500 (docs/guide.md, "
+                                 "Tuning throughput).", id=ID + "E003"))
     for key in ("LOCK_TIMEOUT", "STATEMENT_TIMEOUT"):
         if not _num(getattr(s, key), positive=True):
             errors.append(Error(f"GEN_DURABLE['{key}'] must be a number of seconds > 0, got {getattr(s, key)!r}.",

@@ -27,9 +27,11 @@ DEFAULTS: dict[str, Any] = {
     "POLL_INTERVAL": 1,
     "MAX_POLL_INTERVAL": 5,
     "NOTIFY": "postgres",
-    "PREFETCH": 0,
-    "MIN_DEMAND": 1,
-    "FLUSH": {"MAX_BATCH": 100, "MAX_DELAY": 0.005},
+    # None: sized from the measured step rate (docs/guide.md, "Tuning throughput"); an int: fixed.
+    "PREFETCH": None,
+    "MIN_DEMAND": None,
+    # MAX_BATCH: outcomes per group commit, as many as the adaptive claim-ahead buffers at most.
+    "FLUSH": {"MAX_BATCH": 500, "MAX_DELAY": 0.005},
     "REAPER": {"INTERVAL": 30},
     "GC": {"INTERVAL": 60, "RETENTION": 86400, "BATCH": 10000},
     "DRAIN_TIMEOUT": 5,
@@ -76,8 +78,8 @@ class Settings:
     POLL_INTERVAL: float
     MAX_POLL_INTERVAL: float
     NOTIFY: str
-    PREFETCH: int
-    MIN_DEMAND: int
+    PREFETCH: int | None
+    MIN_DEMAND: int | None
     FLUSH: dict
     REAPER: Any
     GC: Any

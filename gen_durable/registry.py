@@ -50,3 +50,26 @@ def latest(name: str):
 
 def all_machines() -> dict:
     return dict(_machines)
+
+
+def async_only(queue: str) -> bool:
+    """Whether every registered machine routed to `queue` has only `async def` steps (and
+    at least one machine is). Such a queue's steps run on the worker's event loop, not on
+    step threads: its concurrency needs neither threads nor connections
+    (docs/reliability.md, "Connections")."""
+    import inspect
+
+    machines = [cls for cls in _machines.values() if getattr(cls, "queue", None) == queue]
+    return bool(machines) and all(
+        cls.steps and all(inspect.iscoroutinefunction(getattr(cls, attr)) for attr in cls.steps.values())
+        for cls in machines)
+
+
+# Step threads of an async-only queue: sync work that still reaches it (a row inserted with
+# `queue=` from a sync machine) runs on this many threads, one after another.
+ASYNC_QUEUE_THREADS = 1
+
+
+def step_threads(queue: str, concurrency: int) -> int:
+    """Most step threads (each may hold a database connection) a queue of `concurrency` starts."""
+    return min(concurrency, ASYNC_QUEUE_THREADS) if async_only(queue) else concurrency

@@ -35,7 +35,7 @@ from contextlib import contextmanager
 from django.db import transaction
 from psycopg.pq import ConnStatus
 
-from .. import db
+from .. import db, registry
 from ..conf import database_alias, get_settings
 
 logger = logging.getLogger("gen_durable.connections")
@@ -270,8 +270,8 @@ def connection_need(queues: dict, *, processes: int = 1, reaper: bool = True, gc
                     listener: bool | None = None) -> dict:
     """Connections a `rundurable` host holds at most: a dict of parts and the "total".
 
-    Per process: Σ queue concurrency (one per sync step thread whose steps use the
-    database) + one for every async step (Django's shared sync thread) + one feeder per
+    Per process: Σ step threads (a queue's concurrency; one thread for a queue whose
+    machines are all `async def`, `registry.step_threads`) + one for every async step (Django's shared sync thread) + one feeder per
     queue + flusher + heartbeat + timer + reaper + listener (not behind a pooler, not with
     NOTIFY 'none') + the main thread; the first process adds the GC.
     """
@@ -279,7 +279,7 @@ def connection_need(queues: dict, *, processes: int = 1, reaper: bool = True, gc
     if listener is None:
         listener = s.NOTIFY == "postgres" and not pooled()
     per_process = {
-        "step threads": sum(queues.values()),
+        "step threads": sum(registry.step_threads(q, c) for q, c in queues.items()),
         "async steps": 1,
         "feeders": len(queues),
         "flusher": 1,

@@ -27,7 +27,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings as django_settings
 from django.db import close_old_connections, connections as django_connections, reset_queries
 
-from .. import db, sql, telemetry
+from .. import db, registry, sql, telemetry
 from . import connections
 from .claims import abandon, pick, reclaim, release, still_owned
 from . import aio
@@ -61,6 +61,17 @@ STEP_IDLE_RELEASE = 30.0
 RECHECK_BATCH = 500
 RECHECK_MIN = 8
 RECHECK_FRESH = 0.05
+# The adaptive claim-ahead (PREFETCH / MIN_DEMAND None, the defaults): every
+# PREFETCH_WINDOW s the feeder measures the queue's step rate and claims ahead
+# PREFETCH_HORIZON s of work at that rate, at most PREFETCH_MAX rows. Short steps get a
+# deep buffer (picks of hundreds of rows, a flush batch per pick) — without it a pick
+# claims only the slots just freed and the pick → run → flush cycle is latency-bound,
+# at a third of the rate (docs/performance.md, "The defaults"); long steps get none, so
+# no row waits leased in a buffer while another worker could run it. A buffered row then
+# starts within about PREFETCH_HORIZON s, inside RECHECK_FRESH of its claim (no re-check).
+PREFETCH_WINDOW = 0.1
+PREFETCH_HORIZON = 0.04
+PREFETCH_MAX = 500
 # Seconds stop() waits for cancelled async steps to finish their cancellation; one that
 # takes longer (it catches CancelledError and goes on) is handed back like a running step.
 CANCEL_SETTLE = 1.0
@@ -113,8 +124,15 @@ class Scheduler:
         self.limiter = limiter
         self.s = settings
         self.using = using
-        self.prefetch = settings.PREFETCH
-        self.min_demand = min(settings.MIN_DEMAND, concurrency + settings.PREFETCH)
+        # None (the default): sized from the measured step rate (`_adapt`); an int: fixed.
+        self._adaptive_prefetch = settings.PREFETCH is None
+        self._adaptive_min_demand = settings.MIN_DEMAND is None
+        self.prefetch = 0 if self._adaptive_prefetch else settings.PREFETCH
+        self.min_demand = 1 if self._adaptive_min_demand else min(settings.MIN_DEMAND, concurrency + self.prefetch)
+        self.step_rate = 0.0  # steps/s settled, smoothed over PREFETCH_WINDOW windows (adaptive only)
+        self._rate_mark = (time.monotonic(), 0, 0.0, 0)  # (when, completed, step seconds, steps timed)
+        self._async_busy, self._async_timed = 0.0, 0  # async steps' seconds and count (under _lock)
+        self._thread_busy: dict = {}  # step thread -> [seconds in steps, steps ended] (its own writes)
         self.flush_allowance = settings.FLUSH["MAX_BATCH"]
         # healthy() is False while the heartbeat has failed for a whole lease: the rows we
         # hold may have been reaped, so no new step starts until it succeeds again.
@@ -137,6 +155,8 @@ class Scheduler:
         self._thread = threading.Thread(target=self._loop, name=f"gd-sched-{queue}", daemon=True)
         self._steps: list[threading.Thread] = []  # sync step threads, started as sync rows need them
         self._threads = 0  # of them, alive and not stuck on an abandoned step
+        # At most this many (the connection budget counts them): one on an async-only queue.
+        self.max_threads = registry.step_threads(queue, concurrency)
         self._idle_threads = 0
         self._continuations = 0  # buffered next steps of inline chains (also in in_flight)
         # Whether the buffer may hold async rows: set when one is buffered, so the
@@ -310,10 +330,46 @@ class Scheduler:
             logger.info("queue %s: reclaimed %d claims of a dead predecessor", self.queue, len(ids))
         return len(ids)
 
+    def _adapt(self, now: float) -> None:
+        """Resize the adaptive claim-ahead from the last window's steps.
+
+        The rate is what the queue's slots can run: concurrency / the mean step time of the
+        steps that ended in the window (or the settled rate, if higher) — not today's
+        throughput alone, which a shallow buffer holds down. prefetch = rate ×
+        PREFETCH_HORIZON (at most PREFETCH_MAX); min demand = a quarter of it (at least
+        1), so claims come in batches while the buffer still holds three quarters of its
+        rows: no step thread waits for a claim, and without claim-ahead a free slot is
+        filled at once. The first reading comes as soon as `concurrency` steps ended.
+        Fixed settings are left alone.
+        """
+        then, done, busy0, timed0 = self._rate_mark
+        busy, timed = self._busy()
+        first = self.step_rate == 0 and timed - timed0 >= self.concurrency
+        if now - then < PREFETCH_WINDOW and not first:
+            return
+        self._rate_mark = (now, self.completed, busy, timed)
+        rate = (self.completed - done) / max(now - then, 1e-6)
+        if timed > timed0:
+            rate = max(rate, self.concurrency * (timed - timed0) / max(busy - busy0, 1e-6))
+        # Smoothed, but a rising rate is followed at once: the buffer that lets it rise
+        # must not lag it by several windows.
+        self.step_rate = rate if rate > self.step_rate else (self.step_rate + rate) / 2
+        if self._adaptive_prefetch:
+            self.prefetch = min(math.ceil(self.step_rate * PREFETCH_HORIZON), PREFETCH_MAX)
+        if self._adaptive_min_demand:
+            self.min_demand = max(1, self.prefetch // 4)
+
+    def _busy(self) -> tuple[float, int]:
+        """(seconds, count) of the steps that ended on this queue, threads and async."""
+        accs = tuple(self._thread_busy.values())
+        return sum(a[0] for a in accs) + self._async_busy, sum(a[1] for a in accs) + self._async_timed
+
     def run_once(self) -> int:
         """One feeder tick: pick if there is demand, dispatch; return rows claimed."""
         if not self.healthy():
             return 0
+        if self._adaptive_prefetch or self._adaptive_min_demand:
+            self._adapt(time.monotonic())
         demand = self.demand()
         claimed = 0
         if demand > 0 and (demand >= self.min_demand or self.idle()) and not self.paused():
@@ -382,7 +438,7 @@ class Scheduler:
             self._async_buffered = left
         sync = min(len(self.buffer), free)
         if sync:
-            spawn = min(sync - self._idle_threads, self.concurrency - self._threads)
+            spawn = min(sync - self._idle_threads, self.max_threads - self._threads)
             for _ in range(max(spawn, 0)):
                 t = threading.Thread(target=self._step_loop, name=f"gd-step-{self.queue}-{len(self._steps)}",
                                      daemon=True)
@@ -429,7 +485,10 @@ class Scheduler:
             with self._lock:
                 self.running -= 1
                 self._tasks.pop(token, None)
-                self._async_started.pop(token, None)
+                started = self._async_started.pop(token, None)
+                if started is not None:
+                    self._async_busy += time.monotonic() - started
+                    self._async_timed += 1
                 self._dispatch_locked()
 
     def _step_loop(self):
@@ -684,6 +743,12 @@ class Scheduler:
             with run.lock:
                 run.active = False
                 abandoned = run.abandoned
+            # This thread's step time (the adaptive claim-ahead): written by this thread only.
+            acc = self._thread_busy.get(threading.current_thread())
+            if acc is None:
+                acc = self._thread_busy[threading.current_thread()] = [0.0, 0]
+            acc[0] += time.monotonic() - run.started
+            acc[1] += 1
             if abandoned:
                 raise Abandoned()
 

@@ -220,7 +220,9 @@ class Supervisor:
             "poll %s-%ss, prefetch %s, min demand %s, notify %s, pooler %s, flush %s, reaper %s, gc %s",
             self.token, database_alias(self.using), where.get("NAME"), where.get("HOST") or "local socket",
             where.get("PORT") or 5432, self.config.queues, self.s.LEASE_TTL, self.s.HEARTBEAT_INTERVAL,
-            self.s.POLL_INTERVAL, self.s.MAX_POLL_INTERVAL, self.s.PREFETCH, self.s.MIN_DEMAND,
+            self.s.POLL_INTERVAL, self.s.MAX_POLL_INTERVAL,
+            "adaptive (from the step rate)" if self.s.PREFETCH is None else self.s.PREFETCH,
+            "adaptive" if self.s.MIN_DEMAND is None else self.s.MIN_DEMAND,
             self.s.NOTIFY, self.s.POOLER or "none", self.s.FLUSH,
             self.s.REAPER if self.config.reaper else "off", self.s.GC if self.config.gc else "off")
         if django_settings.DEBUG:

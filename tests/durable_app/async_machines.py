@@ -243,3 +243,19 @@ class AsyncChainGate(gd.Machine):
                 break
             await asyncio.sleep(0.01)
         return gd.Done()
+
+
+class AsyncOnlyQueueSleeper(gd.Machine):
+    """The one machine of queue "aio" (all its steps async): awaits state["sleep"] s and
+    returns when it started and ended (time.time()), so a test can count the overlap."""
+
+    name = "tests.AsyncOnlyQueueSleeper"
+    queue = "aio"
+
+    @gd.step
+    async def start(self, ctx):
+        import time
+
+        began = time.time()
+        await asyncio.sleep(ctx.state.get("sleep", 0))
+        return gd.Done({"began": began, "ended": time.time()})

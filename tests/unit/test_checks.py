@@ -151,12 +151,13 @@ def seconds_error(key, value):
     ({"MAX_POLL_INTERVAL": True}, [seconds_error("MAX_POLL_INTERVAL", True)]),
     ({"DRAIN_TIMEOUT": -0.5}, [E(3, "GEN_DURABLE['DRAIN_TIMEOUT'] must be seconds >= 0, got -0.5.",
                                   "Seconds in-flight steps get on shutdown.")]),
-    ({"PREFETCH": -1}, [E(3, "GEN_DURABLE['PREFETCH'] must be an int >= 0, got -1.",
-                          "Rows a queue claims beyond its free step threads: 0 (the default) for long steps, a "
-                          "few hundred for many short ones (docs/guide.md, Tuning throughput).")]),
-    ({"MIN_DEMAND": 0}, [E(3, "GEN_DURABLE['MIN_DEMAND'] must be an int >= 1, got 0.",
-                           "Free slots a queue waits for before it claims: 1 (the default), or e.g. 100 with "
-                           "PREFETCH 500 (docs/guide.md, Tuning throughput).")]),
+    ({"PREFETCH": -1}, [E(3, "GEN_DURABLE['PREFETCH'] must be None or an int >= 0, got -1.",
+                          "Rows a queue claims beyond its free step threads: None (the default) sizes it from "
+                          "the measured step rate; an int fixes it (docs/guide.md, Tuning throughput).")]),
+    ({"MIN_DEMAND": 0}, [E(3, "GEN_DURABLE['MIN_DEMAND'] must be None or an int >= 1, got 0.",
+                           "Free slots a queue waits for before it claims: None (the default) follows the "
+                           "claim-ahead; an int fixes it, e.g. 100 with PREFETCH 500 (docs/guide.md, Tuning "
+                           "throughput).")]),
     ({"MAX_PAYLOAD_BYTES": 0}, [E(3, "GEN_DURABLE['MAX_PAYLOAD_BYTES'] must be a positive int.",
                                   "Bytes of encoded JSON.")]),
     ({"POLL_INTERVAL": 6, "MAX_POLL_INTERVAL": 5}, [
@@ -409,7 +410,7 @@ def test_partial_nested_dicts_merge_over_the_defaults():
     assert s.FLUSH == {"MAX_BATCH": 5, "MAX_DELAY": 0.005}
     assert s.GC == {"INTERVAL": 60, "RETENTION": 10, "BATCH": 10000}
     assert s.REAPER == {"INTERVAL": 30}
-    assert DEFAULTS["FLUSH"] == {"MAX_BATCH": 100, "MAX_DELAY": 0.005}  # defaults not mutated
+    assert DEFAULTS["FLUSH"] == {"MAX_BATCH": 500, "MAX_DELAY": 0.005}  # defaults not mutated
 
 
 @override_settings(GEN_DURABLE={"REAPER": False, "QUEUES": {"mail": 2}})
