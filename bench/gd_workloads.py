@@ -334,7 +334,7 @@ def sustained(n=200_000, concurrency=50, processes=2, producer=None, prefetch=No
         out["quarter_rates"] = [round(r) for r in rates]
         out["last_vs_first"] = round(rates[3] / rates[0], 3)
         # The host's speed in each quarter (harness.SpeedProbe) over the first's: a quarter
-        # the host ran 1.3× slower in is read at 1.3× its rate (docs/performance.md, round 10).
+        # the host ran 1.3× slower in is read at 1.3× its rate (bench/results/history.md, round 10).
         factors = harness.speed_factors(out.pop("probe", None), bounds)
         out["host_speed"] = [None if f is None else round(1 / f, 3) for f in factors]
         if None not in factors:
@@ -417,14 +417,14 @@ WORKLOADS = {
     "gd_drain_200k_c8_p2_pf500": sustained(concurrency=8, prefetch=500, min_demand=100, max_batch=500),
     # The same with one step thread per process: for steps that never wait (no I/O), a
     # second thread in a CPython process only adds GIL hand-offs (the 20k sweep: 2 × 1
-    # ≈ 38.7k, 2 × 2 ≈ 36.8k, 2 × 8 ≈ 35.2k jobs/s; docs/performance.md "Round 4").
+    # ≈ 38.7k, 2 × 2 ≈ 36.8k, 2 × 8 ≈ 35.2k jobs/s; bench/results/history.md "Round 4").
     "gd_drain_c1_p2_pf500": drain(20_000, 1, 2, prefetch=500, min_demand=100, max_batch=500),
     "gd_drain_200k_c1_p2_pf500": sustained(concurrency=1, prefetch=500, min_demand=100, max_batch=500),
     "gd_pipeline_5step_inline_c1_p2_pf500": drain(4_000, 1, 2, machine="InlinePipeline", steps_per=5,
                                                   prefetch=500, min_demand=100, max_batch=500),
     # The same machine over 200,000 steps (40,000 instances), beside the 200k job drain:
     # the 20k-step run above is over in about a second and a half on a slow machine, where
-    # the start and the tail weigh on it (docs/performance.md "Round 6").
+    # the start and the tail weigh on it (bench/results/history.md "Round 6").
     "gd_pipeline_5step_inline_40k_c1_p2_pf500": drain(40_000, 1, 2, machine="InlinePipeline", steps_per=5,
                                                       prefetch=500, min_demand=100, max_batch=500),
     # The inline machine's best of that sweep (2 × 16 ≈ 38.3k steps/s; 2 × 8 ≈ 34.0k;
@@ -438,7 +438,7 @@ WORKLOADS = {
     "gd_drain_c16_procs4": drain(20_000, 16, 4, prefetch=200, min_demand=50, supervisor=True),
     # ... and in the drains' tuned configuration (one step thread per process, PREFETCH
     # 500, MIN_DEMAND 100, FLUSH.MAX_BATCH 500), over 200,000 jobs: on 2 cores, where
-    # one process per core saturates (docs/performance.md "Multi-process scaling").
+    # one process per core saturates (bench/results/history.md "Multi-process scaling").
     **{f"gd_drain_200k_c1_pf500_procs{n}": drain(200_000, 1, n, prefetch=500, min_demand=100, max_batch=500,
                                                  supervisor=True) for n in (1, 2, 4)},
 }

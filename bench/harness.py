@@ -301,7 +301,7 @@ def drain_with_processes(
     the clock stops at most about ``fine_interval`` plus one count after the last
     completion. (A fixed 50 ms poll put the end up to
     50 ms late — an eighth of a 0.4 s drain — and, with runs of similar length, late by
-    about the same amount every run: docs/performance.md "Round 10".)
+    about the same amount every run: bench/results/history.md "Round 10".)
 
     ``speed_probe``: also time a fixed loop every 0.2 s on a thread of this process
     (its CPU time, not the clock: waiting for a core does not count) and return the

@@ -42,7 +42,7 @@ def test_every_index_exists_with_its_exact_predicate():
 def test_instance_table_leaves_room_for_hot_updates():
     """fillfactor 50 (migration 0007; 80 since 0006): the new versions of the rows of a
     page updated in one flush fit on that page, so an inline transition can be a HOT
-    update (docs/performance.md, rounds 8 and 10); the autovacuum settings of migration
+    update (bench/results/history.md, rounds 8 and 10); the autovacuum settings of migration
     0001 stay."""
     with connection.cursor() as cur:
         cur.execute("SELECT reloptions FROM pg_class WHERE oid = 'gen_durable'::regclass")

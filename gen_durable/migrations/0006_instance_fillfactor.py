@@ -4,7 +4,7 @@ An inline transition changes no indexed column, so Postgres can write it as a HO
 update (no new index entries, pruned within the page) — but only when the row's page
 has room for the new version. With the default fillfactor of 100, inserts pack pages
 full and almost no inline transition is HOT; with 80, most are, and every other
-update (claims, outcomes) finds room on its own page too (docs/performance.md,
+update (claims, outcomes) finds room on its own page too (bench/results/history.md,
 "Round 8"). Applies to pages written from now on; existing pages keep their fill.
 """
 

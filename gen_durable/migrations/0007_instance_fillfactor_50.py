@@ -6,7 +6,7 @@ fillfactor 80 a page had room for about a fifth of them; the others moved to oth
 pages, with new index entries and the extension of the table. At 50 nearly every row's
 next version fits on its own page: an inline transition is a HOT update (94 % of them
 in the 20,000-step drain, 59 % at 80: no index entries) and a claim or an outcome stays
-on its page; the previous versions are pruned within the page (docs/performance.md,
+on its page; the previous versions are pruned within the page (bench/results/history.md,
 "Round 10"). Applies to pages written from now on; existing pages keep their fill until
 rewritten.
 """

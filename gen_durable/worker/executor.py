@@ -515,7 +515,7 @@ def continuation(job: Claimed, entry: Entry) -> Claimed:
     that produced it — the step has returned (an abandoned step's outcome is dropped,
     never committed), and its instance is held by this claim alone — so the next step
     reuses the object instead of copying its ~30 fields (a tenth of a continued step's
-    Python, docs/performance.md). Attributes the scheduler keeps on the claim
+    Python, bench/results/history.md "Round 7"). Attributes the scheduler keeps on the claim
     (is_async, chain, checked) are set again by continue_chains. The inbox and children
     lists are the flush's own (or its shared empty tuples): nothing appends to a
     claim's inputs (the step gets copies in its Context).

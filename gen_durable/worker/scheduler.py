@@ -55,7 +55,7 @@ STEP_IDLE_RELEASE = 30.0
 # with the stale prefetched rows queued behind it that are expected to start within the
 # next RECHECK_FRESH s (the rate at which re-checked rows started since the last
 # re-check, at least RECHECK_MIN, at most RECHECK_BATCH): a row re-checked further ahead
-# would go stale again before it starts and be probed twice (docs/performance.md, round 6).
+# would go stale again before it starts and be probed twice (bench/results/history.md, round 6).
 # A cancel that commits within the window is caught by the flush guard instead (the step
 # runs; its outcome is dropped), as for a running step.
 RECHECK_BATCH = 500
@@ -654,7 +654,7 @@ class Scheduler:
         prefetched rows queued behind it that are expected to start within RECHECK_FRESH
         (`_recheck_limit`): a prefetch-heavy drain pays no probe for rows that start soon
         after their claim and about one per row for the others, instead of one round
-        trip per row (docs/performance.md#profile). A row that another thread's re-check
+        trip per row (bench/results/history.md#profile). A row that another thread's re-check
         covers waits for that answer; when the statement fails, the starting row runs and
         the others of the batch re-check themselves. Rows claimed for a free slot start at
         once without the check, so with PREFETCH = 0 the hot path is unchanged. Used by sync steps'

@@ -149,7 +149,7 @@ def test_an_inline_transition_is_a_hot_update_that_keeps_lease_and_claim_time(co
     """While less than a heartbeat interval of its lease is spent, an inline commit
     changes no indexed column: lease_expires_at, updated_at (the claim) and eligible_at
     stay as they were, so Postgres writes it as a HOT update — no index entries
-    (docs/performance.md, round 8). Past that it renews the lease: the heartbeat skips a
+    (bench/results/history.md, round 8). Past that it renews the lease: the heartbeat skips a
     row a flush holds, so a chain of quick steps could otherwise miss every renewal
     (tests/races/test_inline_leases.py)."""
     s = get_settings()
@@ -186,7 +186,7 @@ def test_a_wave_of_inline_transitions_is_hot_at_the_tables_fillfactor(committed,
     transitions in the same flush: each page must hold the next version of every one of
     its rows. The table's fillfactor (50, migration 0007) leaves that room: nearly all
     are HOT updates. The negative control, the earlier 80, leaves room for a few
-    (docs/performance.md, round 10)."""
+    (bench/results/history.md, round 10)."""
     n = 200
     with connection.cursor() as cur:
         cur.execute("SELECT reloptions FROM pg_class WHERE oid = 'gen_durable'::regclass")
