@@ -135,6 +135,8 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=200_000)
     ap.add_argument("--processes", type=int, default=2)
     ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--defaults", action="store_true",
+                    help="the engine's defaults: no PREFETCH / MIN_DEMAND / FLUSH knob (adaptive claim-ahead)")
     ap.add_argument("--prefetch", type=int, default=200)
     ap.add_argument("--min-demand", type=int, default=50)
     ap.add_argument("--seconds", type=float, default=12)
@@ -152,11 +154,15 @@ def main() -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     server = harness.server_url()
-    knobs = {"QUEUES": {"default": a.concurrency}, "FLUSH": {"MAX_BATCH": a.max_batch, "MAX_DELAY": 0.005},
-             "PREFETCH": a.prefetch, "MIN_DEMAND": a.min_demand}
+    knobs = {"QUEUES": {"default": a.concurrency}}
+    if not a.defaults:
+        knobs |= {"FLUSH": {"MAX_BATCH": a.max_batch, "MAX_DELAY": 0.005},
+                  "PREFETCH": a.prefetch, "MIN_DEMAND": a.min_demand}
+    tuning = ("--defaults" if a.defaults else
+              f"--prefetch {a.prefetch} --min-demand {a.min_demand} --max-batch {a.max_batch}")
     lines = [f"# Drain profile ({harness.server_label()})", "",
              f"`bench/profile_drain.py --n {a.n} --processes {a.processes} --concurrency {a.concurrency} "
-             f"--prefetch {a.prefetch} --min-demand {a.min_demand} --max-batch {a.max_batch} --seconds {a.seconds:g}"
+             f"{tuning} --seconds {a.seconds:g}"
              + (" --gil" if a.gil else "") + (" --idle" if a.idle else "")
              + (f" --machine {a.machine} --steps-per {a.steps_per}" if a.machine != "noop" else "") + "`", ""]
     with harness.exclusive_bench(server), harness.scratch_database("profile", server) as url:
