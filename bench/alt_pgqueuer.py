@@ -41,7 +41,14 @@ ENQUEUE_CHUNK = 5_000
 TIMEOUT_S = 110.0
 
 
-async def _setup_and_enqueue(url: str, n: int) -> float:
+# The realistic jobs, the same work as gen_durable's shop.write_row / sleep_20ms /
+# async_sleep_20ms: one INSERT of a row, 20 ms of blocking I/O (on a thread: pgqueuer's
+# entrypoints are async), 20 ms awaited.
+BENCH_ROW_TABLE = ("CREATE TABLE IF NOT EXISTS shop_benchrow (id bigserial PRIMARY KEY, n integer NOT NULL, "
+                   "created timestamptz NOT NULL)")
+
+
+async def _setup_and_enqueue(url: str, n: int, job: str = "noop") -> float:
     import asyncpg
     from pgqueuer.db import AsyncpgDriver
     from pgqueuer.queries import Queries
@@ -50,18 +57,19 @@ async def _setup_and_enqueue(url: str, n: int) -> float:
     try:
         queries = Queries(AsyncpgDriver(conn))
         await queries.install()
+        await conn.execute(BENCH_ROW_TABLE)
         t0 = time.perf_counter()
         left = n
         while left:
             k = min(ENQUEUE_CHUNK, left)
-            await queries.enqueue(["noop"] * k, [None] * k, [0] * k)
+            await queries.enqueue([job] * k, [None] * k, [0] * k)
             left -= k
         return time.perf_counter() - t0
     finally:
         await conn.close()
 
 
-async def _consume(url: str, batch: int, consumers: int) -> None:
+async def _consume(url: str, batch: int, consumers: int, concurrency: int = 0) -> None:
     """The worker process: ``consumers`` PgQueuer instances in drain mode, then exit."""
     import asyncpg
     from pgqueuer import PgQueuer
@@ -69,6 +77,8 @@ async def _consume(url: str, batch: int, consumers: int) -> None:
     from pgqueuer.types import QueueExecutionMode
 
     conns = [await asyncpg.connect(dsn=url) for _ in range(consumers)]
+    # The write_row jobs' own connections (pgqueuer's connection serves its queries).
+    pool = await asyncpg.create_pool(dsn=url, min_size=1, max_size=max(concurrency, 1))
     pgqs = []
     for c in conns:
         pgq = PgQueuer(AsyncpgDriver(c))
@@ -77,22 +87,37 @@ async def _consume(url: str, batch: int, consumers: int) -> None:
         async def noop(job) -> None:  # the job body: nothing
             pass
 
+        @pgq.entrypoint("write_row", concurrency_limit=concurrency)
+        async def write_row(job) -> None:
+            await pool.execute("INSERT INTO shop_benchrow (n, created) VALUES ($1, now())", 0)
+
+        @pgq.entrypoint("sleep_20ms", concurrency_limit=concurrency)
+        async def sleep_20ms(job) -> None:
+            await asyncio.to_thread(time.sleep, 0.02)
+
+        @pgq.entrypoint("async_sleep_20ms", concurrency_limit=concurrency)
+        async def async_sleep_20ms(job) -> None:
+            await asyncio.sleep(0.02)
+
         pgqs.append(pgq)
     try:
         await asyncio.gather(*(p.run(batch_size=batch, mode=QueueExecutionMode.drain,
                                      dequeue_timeout=timedelta(seconds=1)) for p in pgqs))
     finally:
+        await pool.close()
         for c in conns:
             await c.close()
 
 
 def workload(url: str, *, n: int = N, batch: int = BATCH, consumers: int = CONSUMERS,
-             timeout: float = TIMEOUT_S) -> dict:
+             timeout: float = TIMEOUT_S, job: str = "noop", concurrency: int = 0) -> dict:
+    """job: noop, write_row, sleep_20ms or async_sleep_20ms; concurrency: the realistic
+    entrypoints' concurrency_limit (0: none)."""
     import uvloop
 
-    enqueue_s = uvloop.run(_setup_and_enqueue(url, n))
+    enqueue_s = uvloop.run(_setup_and_enqueue(url, n, job))
     harness.settle(url)  # ANALYZE + CHECKPOINT, never timed
-    cmd = [sys.executable, os.path.abspath(__file__), "_consume", url, str(batch), str(consumers)]
+    cmd = [sys.executable, os.path.abspath(__file__), "_consume", url, str(batch), str(consumers), str(concurrency)]
     res = harness.drain_with_processes(
         [cmd], done_url=url, expected=n, cwd=harness.BENCH_DIR, timeout=timeout,
         done_sql="SELECT count(*) FROM pgqueuer_log WHERE status = 'successful'",
@@ -103,7 +128,7 @@ def workload(url: str, *, n: int = N, batch: int = BATCH, consumers: int = CONSU
         raise harness.BenchError(f"pgqueuer: queue left {queued}, logged successful {ok}, expected {n}")
     return harness.rate_sample(n, res["elapsed_s"], unit="jobs/s", enqueue_s=enqueue_s) | {
         "workers_cpu_s": res["workers_cpu_s"], "startup_s": res.get("startup_s"),
-        "knobs": {"batch_size": batch, "consumers": consumers, "driver": "asyncpg",
+        "knobs": {"job": job, "concurrency_limit": concurrency, "batch_size": batch, "consumers": consumers, "driver": "asyncpg",
                   "loop": "uvloop", "durability": "durable", "mode": "drain"},
         "note": "consumers = PgQueuer instances in one worker process, one asyncpg connection each; "
                 f"done = {n:,} 'successful' rows in pgqueuer_log (then the queue table must be empty); "
@@ -124,10 +149,10 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 5 and sys.argv[1] == "_consume":
+    if len(sys.argv) == 6 and sys.argv[1] == "_consume":
         import uvloop
 
         logging.getLogger("pgqueuer").setLevel(logging.WARNING)
-        uvloop.run(_consume(sys.argv[2], int(sys.argv[3]), int(sys.argv[4])))
+        uvloop.run(_consume(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])))
     else:
         main()

@@ -57,13 +57,33 @@ def _make_app(url: str, pool_size: int):
     async def noop() -> None:  # the job body: nothing
         return None
 
+    # The realistic jobs, the same work as gen_durable's shop.write_row / sleep_20ms /
+    # async_sleep_20ms (procrastinate runs a sync task on a thread).
+    @app.task(name="write_row")
+    async def write_row() -> None:
+        await app.connector.execute_query_async("INSERT INTO shop_benchrow (n, created) VALUES (0, now())")
+
+    @app.task(name="sleep_20ms")
+    def sleep_20ms() -> None:
+        time.sleep(0.02)
+
+    @app.task(name="async_sleep_20ms")
+    async def async_sleep_20ms() -> None:
+        await asyncio.sleep(0.02)
+
+    app.bench_tasks = {"noop": noop, "write_row": write_row, "sleep_20ms": sleep_20ms,
+                       "async_sleep_20ms": async_sleep_20ms}
     return app, noop
 
 
-async def _setup_and_enqueue(url: str, n: int) -> float:
-    app, noop = _make_app(url, 2)
+async def _setup_and_enqueue(url: str, n: int, job: str = "noop") -> float:
+    app, _ = _make_app(url, 2)
+    noop = app.bench_tasks[job]
     async with app.open_async():
         await app.schema_manager.apply_schema_async()
+        await app.connector.execute_query_async(
+            "CREATE TABLE IF NOT EXISTS shop_benchrow (id bigserial PRIMARY KEY, n integer NOT NULL, "
+            "created timestamptz NOT NULL)")
         t0 = time.perf_counter()
         left = n
         while left:
@@ -82,8 +102,9 @@ async def _run_worker(url: str, concurrency: int) -> None:
 
 
 def workload(url: str, *, n: int = N, workers: int = WORKERS, concurrency: int = CONCURRENCY,
-             timeout: float = TIMEOUT_S) -> dict:
-    enqueue_s = asyncio.run(_setup_and_enqueue(url, n))
+             timeout: float = TIMEOUT_S, job: str = "noop") -> dict:
+    """job: noop, write_row, sleep_20ms or async_sleep_20ms."""
+    enqueue_s = asyncio.run(_setup_and_enqueue(url, n, job))
     harness.settle(url)
     cmd = [sys.executable, os.path.abspath(__file__), "_worker", url, str(concurrency)]
     res = harness.drain_with_processes(
@@ -101,10 +122,10 @@ def workload(url: str, *, n: int = N, workers: int = WORKERS, concurrency: int =
     return harness.rate_sample(n, res["elapsed_s"], unit="jobs/s", enqueue_s=enqueue_s) | {
         "workers_cpu_s": res["workers_cpu_s"],
         "worker_exit_s": res["worker_exit_s"],
-        "knobs": {"workers": workers, "concurrency": concurrency, "connector": "PsycopgConnector",
+        "knobs": {"job": job, "workers": workers, "concurrency": concurrency, "connector": "PsycopgConnector",
                   "pool": concurrency + 2, "listen_notify": True, "delete_jobs": "never"},
         "note": "worker processes spawned inside the timed window (start-up included); "
-                "done = 20k rows with status 'succeeded'",
+                f"done = {n:,} rows with status 'succeeded'",
     }
 
 

@@ -361,6 +361,12 @@ WORKLOADS = {
     "gd_drain_c10_p1": drain(20_000, 10, 1),
     # The same with the claim-ahead of the old defaults (PREFETCH 0, MIN_DEMAND 1): the cliff.
     "gd_drain_c10_p1_pf0": drain(20_000, 10, 1, prefetch=0, min_demand=1, max_batch=100),
+    # The realistic rows: a job that writes one row with the ORM, one that blocks 20 ms on
+    # I/O, one that awaits 20 ms; concurrency 50, one process, the other settings default
+    # (the peers' rows pgqueuer_<job>_c50 / procrastinate_<job>_c50 do the same work).
+    "gd_write_row_c50_p1": drain(5_000, 50, 1, machine="write_row"),
+    "gd_sleep_20ms_c50_p1": drain(4_000, 50, 1, machine="sleep_20ms"),
+    "gd_async_sleep_20ms_c50_p1": drain(4_000, 50, 1, machine="async_sleep_20ms"),
     # The best one-process setting of the tuning sweep (docs/performance.md, "Tuning").
     "gd_drain_tuned_p1": drain(20_000, 1, 1, prefetch=500, min_demand=100, max_batch=500),
     "gd_drain_c50_p1": drain(20_000, 50, 1, prefetch=50, min_demand=25),

@@ -39,12 +39,20 @@ RAW_WORKLOADS: dict[str, harness.Workload] = {
     "raw_insert_unnest_text": lambda url: raw_ceiling.insert_unnest(url, text_params=True),
 }
 
+REALISTIC = (("write_row", 5_000), ("sleep_20ms", 4_000), ("async_sleep_20ms", 4_000))
+
 ALTERNATIVE_WORKLOADS: dict[str, harness.Workload] = {
     "pgqueuer": alt_pgqueuer.workload,
     "pgqueuer_200k": lambda url: alt_pgqueuer.workload(url, n=200_000),
     # pgqueuer's best of a round-4 sweep (batch 250/500/1000 × 1/2/4 consumers, within ~7 %).
     "pgqueuer_b1000": lambda url: alt_pgqueuer.workload(url, batch=1000, consumers=1),
     "procrastinate": alt_procrastinate.workload,
+    # The realistic rows (docs/performance.md): the same work as gd_<job>_c50_p1, at
+    # concurrency 50 in one worker process.
+    **{f"pgqueuer_{job}_c50": (lambda job, n: lambda url: alt_pgqueuer.workload(
+        url, n=n, batch=50, consumers=1, job=job, concurrency=50))(job, n) for job, n in REALISTIC},
+    **{f"procrastinate_{job}_c50": (lambda job, n: lambda url: alt_procrastinate.workload(
+        url, n=n, workers=1, concurrency=50, job=job))(job, n) for job, n in REALISTIC},
     "django_tasks_db": alt_django_tasks_db.workload,
     # The same 20,000-task drain as tasks_gen_durable (bench/tasks_backends.py runs both).
     "tasks_django_tasks_db": tasks_backends.dtdb_tasks,

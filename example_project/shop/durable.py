@@ -13,6 +13,7 @@ side effect is keyed by something stable: the order key, the instance id.
 """
 
 import asyncio
+import time
 
 import gen_durable as gd
 
@@ -183,6 +184,27 @@ class AsyncPing(gd.Machine):
 def noop(args):
     """Does nothing: the unit of work of the drain benchmarks (bench/)."""
     return None
+
+
+# The benchmarks' realistic jobs (bench/gd_workloads.py; the peers do the same work).
+@gd.job(name="shop.write_row")
+def write_row(args):
+    """Writes one row with the ORM."""
+    from .models import BenchRow
+
+    BenchRow.objects.create(n=args.get("n", 0))
+
+
+@gd.job(name="shop.sleep_20ms")
+def sleep_20ms(args):
+    """Waits 20 ms on (simulated) blocking I/O."""
+    time.sleep(0.02)
+
+
+@gd.job(name="shop.async_sleep_20ms")
+async def async_sleep_20ms(args):
+    """Awaits 20 ms of (simulated) I/O."""
+    await asyncio.sleep(0.02)
 
 
 class Waiter(gd.Machine):
