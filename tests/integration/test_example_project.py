@@ -19,13 +19,15 @@ import gen_durable as gd
 from gen_durable import registry
 from gen_durable.testing import assert_awaiting, assert_done, assert_failed, drain, fire_timeouts
 from gen_durable.tasks import machine_for
-from shop.durable import AsyncPing, InlinePipeline, Order, Pipeline, ShipParcel, Waiter, noop, send_receipt
+from shop.durable import (AsyncPing, InlinePipeline, Order, Pipeline, ShipParcel, Waiter, async_sleep_20ms, noop,
+                         send_receipt, sleep_20ms, write_row)
 from shop.tasks import noop as noop_task
 from shop.tasks import send_receipt_copy
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "example_project"
 SHOP_MACHINES = {Order: "shop.Order", ShipParcel: "shop.ShipParcel", Pipeline: "shop.Pipeline",
-                 send_receipt: "shop.send_receipt", noop: "shop.noop",
+                 send_receipt: "shop.send_receipt", noop: "shop.noop", write_row: "shop.write_row",
+                 sleep_20ms: "shop.sleep_20ms", async_sleep_20ms: "shop.async_sleep_20ms",
                  Waiter: "shop.Waiter", InlinePipeline: "shop.InlinePipeline", AsyncPing: "shop.AsyncPing",
                  machine_for(send_receipt_copy): "shop.tasks.send_receipt_copy",
                  machine_for(noop_task): "shop.tasks.noop"}
