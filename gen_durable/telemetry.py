@@ -16,6 +16,7 @@ never breaks the engine. `duration` measurements are seconds (float).
 | scheduler.drain        | released, in_flight                       | queue                 |
 | scheduler.reclaimed    | count                                     | queue                 |
 | scheduler.abandoned    | count (steps cut off at shutdown)         | queue                 |
+| scheduler.handed_back  | count (buffered rows that waited too long, returned untouched) | queue |
 | concurrency.contended  | count                                     | queue                 |
 | concurrency.throttled  | wanted, admitted                          | key, queue            |
 | outcome.stale          | count                                     | id, fsm, step, kind   |
@@ -65,7 +66,7 @@ logger = logging.getLogger("gen_durable.telemetry")
 
 EVENTS = (
     "step.start", "step.stop", "pick.stop", "scheduler.saturation", "scheduler.drain", "scheduler.reclaimed",
-    "scheduler.abandoned",
+    "scheduler.abandoned", "scheduler.handed_back",
     "concurrency.contended", "concurrency.throttled", "outcome.stale", "reaper.reaped",
     "await.timeout", "step.timeout", "schedule.fired", "schedule.skipped", "gc.swept", "flush.stop", "flush.error",
     "flush.retry", "step.connection_retry", "inline.continue", "inline.yield",

@@ -70,6 +70,11 @@ RECHECK_FRESH = 0.05
 # no row waits leased in a buffer while another worker could run it. A buffered row then
 # starts within about PREFETCH_HORIZON s, inside RECHECK_FRESH of its claim (no re-check).
 PREFETCH_WINDOW = 0.1
+# A buffered row beyond what the claim-ahead allows now (the steps turned long after it
+# was claimed), or a sync row waiting for the one thread of an async-only queue, that has
+# waited HAND_BACK_AFTER s is handed back untouched (runnable, no attempt counted) for
+# any worker to take: rows never wait in one worker's buffer while another could run them.
+HAND_BACK_AFTER = 1.0
 PREFETCH_HORIZON = 0.04
 PREFETCH_MAX = 500
 # Seconds stop() waits for cancelled async steps to finish their cancellation; one that
@@ -132,7 +137,7 @@ class Scheduler:
         self.step_rate = 0.0  # steps/s settled, smoothed over PREFETCH_WINDOW windows (adaptive only)
         self._rate_mark = (time.monotonic(), 0, 0.0, 0)  # (when, completed, step seconds, steps timed)
         self._async_busy, self._async_timed = 0.0, 0  # async steps' seconds and count (under _lock)
-        self._thread_busy: dict = {}  # step thread -> [seconds in steps, steps ended] (its own writes)
+        self._thread_busy: dict = {}  # step thread -> (seconds in steps, steps ended): its own writes
         self.flush_allowance = settings.FLUSH["MAX_BATCH"]
         # healthy() is False while the heartbeat has failed for a whole lease: the rows we
         # hold may have been reaped, so no new step starts until it succeeds again.
@@ -302,7 +307,66 @@ class Scheduler:
         """
         waiting = len(self.in_flight) - self.running - self._continuations
         over = waiting - self.flush_allowance
-        return self.concurrency + self.prefetch - (self.running + len(self.buffer) + max(over, 0))
+        buffered = len(self.buffer)
+        if self.max_threads < self.concurrency and buffered:
+            # An async-only queue: sync rows beyond its thread(s) wait for them and must not
+            # take the async rows' slots (up to `concurrency` of them; `_hand_back` returns
+            # those that wait long).
+            sync = sum(1 for j in self.buffer if not getattr(j, "is_async", False))
+            buffered -= min(max(sync - self.max_threads, 0), self.concurrency)
+        return self.concurrency + self.prefetch - (self.running + buffered + max(over, 0))
+
+    def _hand_back(self, now: float) -> int:
+        """Give back buffered rows that wait too long (see HAND_BACK_AFTER); return how many.
+
+        Scans the buffer only when it holds more than the claim-ahead allows, or on an
+        async-only queue with buffered rows. Chain continuations and timed-out rows stay.
+        """
+        with self._lock:
+            allowed = max(self.concurrency - self.running, 0) + self.prefetch
+            async_only = self.max_threads < self.concurrency
+            if len(self.buffer) <= allowed and not (async_only and self.buffer):
+                return 0
+            old = now - HAND_BACK_AFTER
+            surplus = len(self.buffer) - allowed
+            def plain(job):
+                return not isinstance(job, TimedOut) and getattr(job, "chain", None) is None
+
+            def sync(job):
+                return not getattr(job, "is_async", False)
+
+            # Sync rows ahead of each row (nearer the head): past max_threads they wait.
+            sync_ahead = sum(1 for j in self.buffer if plain(j) and sync(j)) if async_only else 0
+            back, keep = [], []
+            for job in reversed(self.buffer):  # the tail: the rows that would start last
+                if plain(job) and sync(job):
+                    sync_ahead -= 1
+                aged = plain(job) and getattr(job, "buffered_at", now) < old
+                waits = async_only and sync(job) and sync_ahead >= self.max_threads
+                if aged and (surplus > 0 or waits):
+                    back.append(job)
+                    surplus -= 1
+                    continue
+                keep.append(job)
+            if not back:
+                return 0
+            keep.reverse()
+            self.buffer = deque(keep)
+        try:
+            released = set(self._release(back))
+        except Exception:
+            logger.exception("could not hand back %d buffered rows of %s", len(back), self.queue)
+            released = set()
+        unreleased = [j for j in back if j.id not in released]
+        if unreleased:  # still ours (locked at that instant): keep them
+            with self._lock:
+                self.buffer.extend(unreleased)
+                self._dispatch_locked()
+        if released:
+            telemetry.emit("scheduler.handed_back", {"count": len(released)}, {"queue": self.queue})
+            logger.info("queue %s: handed back %d buffered rows that waited over %ss (runnable, no attempt "
+                        "counted)", self.queue, len(released), HAND_BACK_AFTER)
+        return len(released)
 
     def paused(self) -> bool:
         """Whether the queue is paused (gd.pause_queue), read at most once a second.
@@ -361,8 +425,10 @@ class Scheduler:
 
     def _busy(self) -> tuple[float, int]:
         """(seconds, count) of the steps that ended on this queue, threads and async."""
-        accs = tuple(self._thread_busy.values())
-        return sum(a[0] for a in accs) + self._async_busy, sum(a[1] for a in accs) + self._async_timed
+        with self._lock:
+            accs = tuple(self._thread_busy.values())
+            async_busy, async_timed = self._async_busy, self._async_timed
+        return sum(a[0] for a in accs) + async_busy, sum(a[1] for a in accs) + async_timed
 
     def run_once(self) -> int:
         """One feeder tick: pick if there is demand, dispatch; return rows claimed."""
@@ -370,6 +436,8 @@ class Scheduler:
             return 0
         if self._adaptive_prefetch or self._adaptive_min_demand:
             self._adapt(time.monotonic())
+        if self.buffer:
+            self._hand_back(time.monotonic())
         demand = self.demand()
         claimed = 0
         if demand > 0 and (demand >= self.min_demand or self.idle()) and not self.paused():
@@ -399,6 +467,8 @@ class Scheduler:
                     # re-check their claim before starting (`_still_ours`).
                     free = max(self.concurrency - self.running - len(self.buffer), 0)
                     claimed_at = time.monotonic()
+                    for job in jobs:
+                        job.buffered_at = claimed_at
                     for job in jobs[free:]:
                         job.prefetched = True
                         job.checked = claimed_at  # the claim just proved it ours
@@ -743,12 +813,17 @@ class Scheduler:
             with run.lock:
                 run.active = False
                 abandoned = run.abandoned
-            # This thread's step time (the adaptive claim-ahead): written by this thread only.
-            acc = self._thread_busy.get(threading.current_thread())
-            if acc is None:
-                acc = self._thread_busy[threading.current_thread()] = [0.0, 0]
-            acc[0] += time.monotonic() - run.started
-            acc[1] += 1
+            # This thread's step time (the adaptive claim-ahead): one tuple per thread,
+            # replaced whole (a reader sees a step's time with its count); a thread's first
+            # entry is added under the lock `_busy` reads under.
+            me = threading.current_thread()
+            busy, timed = self._thread_busy.get(me, (0.0, 0))
+            entry = (busy + time.monotonic() - run.started, timed + 1)
+            if timed:
+                self._thread_busy[me] = entry
+            else:
+                with self._lock:
+                    self._thread_busy[me] = entry
             if abandoned:
                 raise Abandoned()
 

@@ -214,3 +214,13 @@ from . import limit_machines  # noqa: E402,F401  (registered for worker subproce
 from tests.durable_app import supervision_machines  # noqa: E402,F401  (supervision and fault tests)
 from tests.durable_app import fault_machines  # noqa: E402,F401  (the fault suite's machines)
 from tests.durable_app import multihost_machines  # noqa: E402,F401  (tests/faults/test_multihost.py)
+
+
+@gd.job(name="tests.sleep")
+def sleep_job(args):
+    """Blocks args["sleep"] seconds (a long sync step); returns when it ran."""
+    import time
+
+    began = time.time()
+    time.sleep(args.get("sleep", 0))
+    return {"began": began, "ended": time.time()}

@@ -42,3 +42,32 @@ def test_control_a_fixed_prefetch_0_claims_at_most_the_free_slots(engine, queue_
     assert sum(picks) == N
     assert max(picks) <= CONCURRENCY
     assert len(picks) >= N / CONCURRENCY
+
+
+def test_rows_claimed_while_steps_were_short_are_handed_back_when_they_turn_long(engine, queue_name, events):
+    """A backlog of no-op jobs drives the claim-ahead up; the long jobs claimed with them
+    then wait behind each other in the buffer. Once the claim-ahead shrank and they waited
+    HAND_BACK_AFTER, they go back to the queue untouched (no attempt) for any worker."""
+    from gen_durable.models import Instance
+    from tests.durable_app.durable import sleep_job
+
+    gd.insert_all([gd.Spec(noop, args={}, queue=queue_name) for _ in range(300)])
+    long_ids = gd.insert_all([gd.Spec(sleep_job, args={"sleep": 0.6}, queue=queue_name) for _ in range(5)])
+    engine({queue_name: 1})
+    wait_until(lambda: Instance.objects.filter(id__in=long_ids, status="done").count() == 5, timeout=60,
+               what="the long jobs done")
+    handed = [ms["count"] for e, ms, m in events if e == "scheduler.handed_back" and m["queue"] == queue_name]
+    assert sum(handed) >= 1, "the long rows waited in the buffer beyond the claim-ahead"
+    assert set(Instance.objects.filter(id__in=long_ids).values_list("attempt", flat=True)) == {0}
+
+
+def test_control_a_fixed_prefetch_keeps_its_rows(engine, queue_name, events, settings):
+    from gen_durable.models import Instance
+    from tests.durable_app.durable import sleep_job
+
+    settings.GEN_DURABLE = {**settings.GEN_DURABLE, "PREFETCH": 10, "MIN_DEMAND": 1}
+    long_ids = gd.insert_all([gd.Spec(sleep_job, args={"sleep": 0.6}, queue=queue_name) for _ in range(4)])
+    engine({queue_name: 1})
+    wait_until(lambda: Instance.objects.filter(id__in=long_ids, status="done").count() == 4, timeout=60,
+               what="the long jobs done")
+    assert not [e for e, _, m in events if e == "scheduler.handed_back" and m["queue"] == queue_name]

@@ -62,7 +62,7 @@ class Queries(gd.Machine):
 
 
 def test_a_step_thread_that_hands_its_slot_back_with_an_empty_buffer_wakes_the_feeder(
-        engine, queue_name, monkeypatch):
+        engine, queue_name, monkeypatch, settings):
     """Concurrency 1, a backlog of rows. The step thread submits its outcome and gives
     its slot back only at the top of its next loop iteration, after its post-step
     clean-up. A flush that commits meanwhile wakes the feeder through settle(), and the
@@ -71,6 +71,7 @@ def test_a_step_thread_that_hands_its_slot_back_with_an_empty_buffer_wakes_the_f
     return of a slot that leaves the buffer empty must set the feeder's wake-up — from
     the step thread, with the slot already free: one per row here (with concurrency 1
     and no PREFETCH the buffer is empty whenever a slot comes back). Counted, not timed."""
+    settings.GEN_DURABLE = {**settings.GEN_DURABLE, "PREFETCH": 0, "MIN_DEMAND": 1}  # no claim-ahead
     wakes = []
 
     class RecordingEvent(threading.Event):

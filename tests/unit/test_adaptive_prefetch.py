@@ -117,3 +117,71 @@ def test_a_fixed_prefetch_with_an_adaptive_min_demand():
     sch = scheduler(concurrency=10, prefetch=100)
     window(sch, 0.0, 5)
     assert sch.prefetch == 100 and sch.min_demand == 100 // 4
+
+
+# --- hand-back of rows that wait too long (`Scheduler._hand_back`) -------------------------
+
+def buffered(sch, ids, at, is_async=False):
+    rows = [SimpleNamespace(id=i, buffered_at=at, is_async=is_async, slot=None) for i in ids]
+    sch.buffer.extend(rows)
+    return rows
+
+
+def released_by(sch, monkeypatch):
+    back = []
+
+    def release(jobs):  # the statement itself is release.sql (tests/integration)
+        back.extend(j.id for j in jobs)
+        return [j.id for j in jobs]
+
+    monkeypatch.setattr(sch, "_release", release)
+    return back
+
+
+def test_rows_beyond_the_claim_ahead_are_handed_back_once_they_waited(monkeypatch):
+    sch = scheduler(concurrency=2)
+    back = released_by(sch, monkeypatch)
+    sch.running, sch.prefetch = 2, 3          # the steps turned long: 3 rows may wait
+    buffered(sch, range(10), at=0.0)
+    assert sch._hand_back(mod.HAND_BACK_AFTER / 2) == 0  # young rows stay
+    assert sch._hand_back(mod.HAND_BACK_AFTER + 0.1) == 7
+    assert sorted(back) == [3, 4, 5, 6, 7, 8, 9]          # from the tail; the head starts next
+    assert [j.id for j in sch.buffer] == [0, 1, 2]
+
+
+def test_nothing_is_handed_back_within_the_claim_ahead(monkeypatch):
+    sch = scheduler(concurrency=2, prefetch=500)  # a fixed PREFETCH: its rows may wait
+    back = released_by(sch, monkeypatch)
+    sch.running = 2
+    buffered(sch, range(100), at=0.0)
+    assert sch._hand_back(60.0) == 0 and back == []
+
+
+def test_continuations_and_timed_out_rows_are_never_handed_back(monkeypatch):
+    sch = scheduler(concurrency=1)
+    back = released_by(sch, monkeypatch)
+    sch.running = 1
+    chain = SimpleNamespace(id=1, buffered_at=0.0, chain=("x", 2, "a"), is_async=False, slot=None)
+    timed_out = mod.TimedOut(SimpleNamespace(id=2), 1.0, 2.0)
+    sch.buffer.extend([chain, timed_out])
+    assert sch._hand_back(60.0) == 0 and back == []
+
+
+def test_sync_rows_waiting_for_an_async_only_queues_thread_are_handed_back(monkeypatch):
+    sch = scheduler(concurrency=20)
+    sch.max_threads = 1                       # an async-only queue
+    back = released_by(sch, monkeypatch)
+    sch.running = 1
+    buffered(sch, range(5), at=0.0)           # sync rows: one runs next, four wait for the thread
+    assert sch.demand() == 20 + sch.prefetch - (1 + 5 - 4)  # the waiting ones take no async slot
+    assert sch._hand_back(mod.HAND_BACK_AFTER + 0.1) == 4
+    assert [j.id for j in sch.buffer] == [0]
+
+
+def test_rows_the_release_skipped_stay_buffered(monkeypatch):
+    sch = scheduler(concurrency=1)
+    monkeypatch.setattr(sch, "_release", lambda jobs: [])  # locked at that instant (SKIP LOCKED)
+    sch.running = 1
+    buffered(sch, range(3), at=0.0)
+    assert sch._hand_back(60.0) == 0
+    assert sorted(j.id for j in sch.buffer) == [0, 1, 2]
