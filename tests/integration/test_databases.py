@@ -80,3 +80,87 @@ def test_the_connection_budget_adds_up_the_databases_of_one_server(two_databases
 def test_an_unknown_database_alias_is_refused(keep_signal_handlers):  # noqa: F811
     with pytest.raises(CommandError, match=r"--database 'nope': not in DATABASES"):
         call_command("rundurable", "--burst", "--database", "nope", verbosity=0)
+
+
+# Routing: GEN_DURABLE["DATABASES"] places a machine or a queue on an alias.
+
+def routes(**sections):
+    from django.test import override_settings
+    from django.conf import settings
+
+    return override_settings(GEN_DURABLE={**settings.GEN_DURABLE, "DATABASES": sections})
+
+
+def test_insert_without_using_lands_where_the_queue_or_machine_is_routed(two_databases, queue_name):
+    with routes(QUEUES={queue_name: "other"}):
+        on_other = gd.insert(Counter, state={"target": 1}, queue=queue_name)
+        batch = gd.insert_all([gd.Spec(Counter, state={"target": 1}, queue=queue_name) for _ in range(3)])
+        unrouted = gd.insert(Counter, state={"target": 1}, queue=queue_name + "-x")
+    assert set(Instance.objects.using("other").values_list("id", flat=True)) == {on_other, *batch}
+    assert list(Instance.objects.using("default").values_list("id", flat=True)) == [unrouted]
+    # A machine's route wins over its queue's; using= wins over both.
+    with routes(MACHINES={"tests.Counter": "other"}, QUEUES={queue_name: "default"}):
+        by_machine = gd.insert(Counter, state={"target": 1}, queue=queue_name)
+        explicit = gd.insert(Counter, state={"target": 1}, queue=queue_name, using="default")
+    assert Instance.objects.using("other").filter(id=by_machine).exists()
+    assert Instance.objects.using("default").filter(id=explicit, queue=queue_name).exists()
+
+
+def test_insert_all_refuses_a_batch_that_spans_databases(two_databases, queue_name):
+    with routes(QUEUES={queue_name: "other"}), pytest.raises(gd.InvalidInput, match="different databases"):
+        gd.insert_all([gd.Spec(Counter, queue=queue_name), gd.Spec(Counter, queue=queue_name + "-x")])
+    assert not Instance.objects.using("default").exists() and not Instance.objects.using("other").exists()
+
+
+def test_the_producer_writes_each_database_its_rows(two_databases, queue_name):
+    from gen_durable.producer import Producer
+
+    with routes(QUEUES={queue_name: "other"}):
+        producer = Producer(max_batch=10, max_delay=0.01)
+        for i in range(3):
+            producer.insert(Counter, state={"target": 1}, queue=queue_name)
+            producer.insert(Counter, state={"target": 1}, queue=queue_name + "-x")
+        producer.flush()
+        producer.close()
+    assert Instance.objects.using("other").filter(queue=queue_name).count() == 3
+    assert Instance.objects.using("default").filter(queue=queue_name + "-x").count() == 3
+    assert not Instance.objects.using("other").filter(queue=queue_name + "-x").exists()
+
+
+def test_children_stay_on_the_parents_database_and_a_cross_database_child_is_a_clear_error(
+        two_databases, queue_name):
+    from gen_durable.testing import drain
+    from tests.durable_app.signal_machines import FanOut
+
+    kids = [{"i": 0}, {"i": 1}]
+    with routes(QUEUES={queue_name: "other"}):
+        # Routed parent, children in the parent's own queue: all on "other", joined there.
+        parent = gd.insert(FanOut, state={"kids": kids}, queue=queue_name)
+        drain(queue_name, using="other")
+        row = Instance.objects.using("other").get(id=parent)
+        assert row.status == "done" and row.result["children"] == 2 and row.result["done"] == 2
+        assert Instance.objects.using("other").filter(parent_id=parent).count() == 2
+        # A parent on default whose children are routed to "other": refused, nothing spawned.
+        stray = gd.insert(FanOut, state={"kids": kids, "kid_queue": queue_name}, queue=queue_name + "-p")
+        drain(queue_name + "-p", max_steps=20)
+    row = Instance.objects.using("default").get(id=stray)
+    assert row.status == "failed", (row.status, row.last_error)
+    assert "routes to database 'other'" in row.last_error and "parent and its children live" in row.last_error
+    assert not Instance.objects.using("default").filter(parent_id=stray).exists()
+    # (ids are per database: "other" still holds only the first parent and its two children)
+    assert Instance.objects.using("other").count() == 3
+
+
+def test_the_routes_are_validated_by_system_checks():
+    from gen_durable.checks import check_database_routes
+
+    with routes(QUEUES={"q": "nope"}, MACHINES={"tests.Countr": "other", "tests.Counter": 3}, EXTRA={}):
+        found = {(m.id, m.msg.split(":")[0]) for m in check_database_routes()}
+    assert ("gen_durable.E091", "GEN_DURABLE['DATABASES']['QUEUES']['q'] routes to database 'nope', "
+                                "which DATABASES lacks.") in found
+    assert ("gen_durable.E090", "GEN_DURABLE['DATABASES'] has an unknown key 'EXTRA'.") in found
+    assert ("gen_durable.E090", "GEN_DURABLE['DATABASES']['MACHINES']['tests.Counter'] must map a non-empty "
+                                "name to a database alias (a string).") in found
+    assert ("gen_durable.W090", "GEN_DURABLE['DATABASES']['MACHINES']['tests.Countr']") in found
+    with routes(QUEUES={"q": "other"}, MACHINES={"tests.Counter": "other"}):
+        assert check_database_routes() == []  # the negative control: good routes pass
