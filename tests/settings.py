@@ -52,6 +52,9 @@ TASKS = {
     "default": {"BACKEND": "gen_durable.tasks.GenDurableBackend", "QUEUES": ["default"]},
     "retrying": {"BACKEND": "gen_durable.tasks.GenDurableBackend", "QUEUES": ["default"],
                  "OPTIONS": {"MAX_ATTEMPTS": 3, "BACKOFF": "tests.durable_app.backoff.no_backoff"}},
+    # Tasks on the second database (tests/integration/test_databases.py).
+    "other": {"BACKEND": "gen_durable.tasks.GenDurableBackend", "QUEUES": ["default"],
+              "OPTIONS": {"DATABASE": "other"}},
 }
 # Child processes of the fault and command tests (tests/races/test_faults.py,
 # tests/integration/test_rundurable.py) load these settings too: point them at the test

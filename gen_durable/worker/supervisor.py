@@ -100,7 +100,8 @@ class Supervisor:
         self.listener = None
         # Await deadlines and scheduled rows fire on time, reaper or not (docs/guide.md "Time").
         # Cron schedules: every worker process may fire them; the database lets one per tick.
-        self.cron = schedules.configured()
+        # With several databases, each schedule fires in the one its machine is routed to.
+        self.cron = schedules.for_database(schedules.configured(), self.using)
         self.timer = (Timer(self.schedulers, self._wake, self.using, schedules=self.cron)
                       if self.schedulers or self.cron else None)
         self.heartbeat_role = None

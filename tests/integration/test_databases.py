@@ -164,3 +164,72 @@ def test_the_routes_are_validated_by_system_checks():
     assert ("gen_durable.W090", "GEN_DURABLE['DATABASES']['MACHINES']['tests.Countr']") in found
     with routes(QUEUES={"q": "other"}, MACHINES={"tests.Counter": "other"}):
         assert check_database_routes() == []  # the negative control: good routes pass
+
+
+# The Tasks backend per database: OPTIONS["DATABASE"] (tests/settings.py's "other" backend).
+
+def test_a_task_backend_on_other_enqueues_and_reads_there(two_databases, keep_signal_handlers):  # noqa: F811
+    from gen_durable.tasks import TaskResultDoesNotExist, enqueue_all
+    from tests.durable_app import tasks as t
+
+    on_other = t.add.using(backend="other")
+    result = on_other.enqueue(2, 3)
+    assert Instance.objects.using("other").filter(id=int(result.id)).exists()
+    both = enqueue_all([(on_other, [1, 1], {}), (t.add, [4, 4], {})])  # one statement per database
+    assert Instance.objects.using("other").filter(id=int(both[0].id), fsm=t.add.module_path).exists()
+    assert Instance.objects.using("default").filter(id=int(both[1].id), fsm=t.add.module_path).exists()
+    call_command("rundurable", "--burst", "--database", "other", "--queue", "default=2", "--no-gc", verbosity=0)
+    assert on_other.get_result(result.id).return_value == 5
+    assert on_other.get_result(both[0].id).return_value == 2
+    # default's task is still waiting: the worker served "other" only
+    assert Instance.objects.using("default").get(id=int(both[1].id)).status == "runnable"
+    with pytest.raises(TaskResultDoesNotExist):
+        on_other.get_result(str(10**12))
+
+
+def test_a_task_backend_naming_an_unknown_database_is_e060():
+    from django.core.checks import run_checks
+    from django.test import override_settings
+    from django.conf import settings
+
+
+    bad = {**settings.TASKS, "other": {**settings.TASKS["other"], "OPTIONS": {"DATABASE": "nope"}}}
+    with override_settings(TASKS=bad):
+        errors = [e for e in run_checks() if e.id == "gen_durable.E060"]
+    assert any("['OPTIONS']['DATABASE'] must be an alias of DATABASES" in e.msg for e in errors), errors
+
+
+# Cron per database: each schedule fires in the database its machine is routed to.
+
+def test_each_schedule_fires_once_in_its_own_database(two_databases):
+    from gen_durable import schedules
+    from gen_durable.worker.supervisor import Supervisor, WorkerConfig
+
+    cron = {
+        "here": {"cron": "* * * * *", "machine": "tests.Plain", "timezone": "UTC"},
+        "there": {"cron": "* * * * *", "machine": "tests.Counter", "timezone": "UTC", "state": {"target": 1}},
+    }
+    for alias in BOTH:
+        with connections[alias].cursor() as cur:
+            cur.execute("TRUNCATE gen_durable_schedules")
+    from django.conf import settings
+    from django.test import override_settings
+
+    with override_settings(GEN_DURABLE={**settings.GEN_DURABLE, "SCHEDULES": cron,
+                                        "DATABASES": {"MACHINES": {"tests.Counter": "other"}}}):
+        # What a worker on each database takes on (its Timer fires only these).
+        per = {alias: Supervisor(WorkerConfig(queues={}, using=alias)).cron for alias in BOTH}
+        assert {alias: sorted(c) for alias, c in per.items()} == {"default": ["here"], "other": ["there"]}
+        fired = {}
+        for alias, mine in per.items():
+            schedules.sync(mine, alias)
+            with connections[alias].cursor() as cur:
+                cur.execute("UPDATE gen_durable_schedules SET next_run_at = date_trunc('minute', now())")
+            fired[alias] = schedules.fire_due(mine, alias)
+            assert schedules.fire_due(mine, alias) == []  # the same tick does not fire twice
+    assert [f[0] for f in fired["default"]] == ["here"] and [f[0] for f in fired["other"]] == ["there"]
+    assert list(Instance.objects.using("default").values_list("fsm", flat=True)) == ["tests.Plain"]
+    assert list(Instance.objects.using("other").values_list("fsm", flat=True)) == ["tests.Counter"]
+    for alias in BOTH:
+        with connections[alias].cursor() as cur:
+            cur.execute("TRUNCATE gen_durable_schedules")
