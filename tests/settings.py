@@ -66,6 +66,8 @@ if os.environ.get("GEN_DURABLE_TEST_OTHER_DB_NAME"):
     DATABASES["other"]["NAME"] = os.environ["GEN_DURABLE_TEST_OTHER_DB_NAME"]
 if os.environ.get("GEN_DURABLE_TEST_DB_OVERRIDE"):  # JSON merged over the database's settings
     DATABASES["default"].update(json.loads(os.environ["GEN_DURABLE_TEST_DB_OVERRIDE"]))
+if os.environ.get("GEN_DURABLE_TEST_OTHER_DB_OVERRIDE"):  # the same, for the "other" alias
+    DATABASES["other"].update(json.loads(os.environ["GEN_DURABLE_TEST_OTHER_DB_OVERRIDE"]))
 if os.environ.get("GEN_DURABLE_TEST_SETTINGS"):
     GEN_DURABLE.update(json.loads(os.environ["GEN_DURABLE_TEST_SETTINGS"]))
 TEMPLATES = [{

@@ -28,3 +28,24 @@ class HostLogged(gd.Machine):
         with connection.cursor() as cur:
             cur.execute("UPDATE gd_test_steplog SET ended_at = clock_timestamp() WHERE run = %s", [run])
         return gd.Done({})
+
+
+class DbLogged(gd.Machine):
+    """HostLogged for the two-database multi-host test: logs its run in gd_test_dblog
+    (on the "default" alias, whichever database the row lives in) with state["db"], the
+    label of the database it was inserted in, so runs of equal ids in two databases
+    stay apart."""
+
+    name = "tests.DbLogged"
+
+    @gd.step
+    def start(self, ctx):
+        with connection.cursor() as cur:
+            cur.execute("INSERT INTO gd_test_dblog (db, id, host, pid, started_at) "
+                        "VALUES (%s, %s, inet_client_addr(), %s, clock_timestamp()) RETURNING run",
+                        [ctx.state["db"], ctx.id, os.getpid()])
+            run = cur.fetchone()[0]
+        time.sleep(ctx.state.get("sleep", 0))
+        with connection.cursor() as cur:
+            cur.execute("UPDATE gd_test_dblog SET ended_at = clock_timestamp() WHERE run = %s", [run])
+        return gd.Done({})
