@@ -233,3 +233,26 @@ def test_each_schedule_fires_once_in_its_own_database(two_databases):
     for alias in BOTH:
         with connections[alias].cursor() as cur:
             cur.execute("TRUNCATE gen_durable_schedules")
+
+
+def test_processes_children_each_serve_every_database(two_databases, queue_name):
+    """`--processes 2 --database default --database other`: the children get the aliases
+    with the rest of the command line, and drain both databases."""
+    import subprocess
+
+    from tests.integration.test_rundurable import MANAGE, ROOT, child_env
+
+    ids = {alias: gd.insert_all([gd.Spec(Counter, state={"target": 2}, queue=queue_name) for _ in range(6)],
+                                using=alias) for alias in BOTH}
+    env = dict(child_env(), GEN_DURABLE_TEST_OTHER_DB_NAME=connections["other"].settings_dict["NAME"])
+    proc = subprocess.run(MANAGE + ["rundurable", "--burst", "--processes", "2", "--database", "default",
+                                    "--database", "other", "--queue", f"{queue_name}=2", "--no-gc"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for alias in BOTH:
+        rows = Instance.objects.using(alias).filter(id__in=ids[alias], queue=queue_name)
+        assert {(r.status, r.result["count"]) for r in rows} == {("done", 2)} and rows.count() == 6
+    # 2 processes × 2 databases: four workers started, two on each database
+    starts = [line for line in proc.stderr.splitlines() if " starting: database " in line]
+    assert sorted(line.split(" starting: database ")[1].split(" ")[0] for line in starts) == [
+        "default", "default", "other", "other"]
