@@ -128,7 +128,7 @@ def _prepare(cls, job: Claimed):
         awaited = []
     ctx = Context(id=job.id, step=job.step, state=job.state, attempt=job.attempt, awaited=awaited,
                   all=list(inbox), children=list(job.children), queue=job.queue,
-                  correlation_key=job.correlation_key, machine=machine)
+                  correlation_key=job.correlation_key, machine=machine, database=job.database)
     return method, machine, ctx, awaited
 
 
@@ -342,7 +342,7 @@ def execute_timeout(job: Claimed, timeout: float, elapsed: float) -> Entry:
     # The committed state: the abandoned thread may still be mutating job.state.
     state = loads(job.raw_state) if job.raw_state is not None else job.state
     ctx = Context(id=job.id, step=job.step, state=state, attempt=job.attempt, queue=job.queue,
-                  correlation_key=job.correlation_key, machine=machine)
+                  correlation_key=job.correlation_key, machine=machine, database=job.database)
     try:
         if cls.State is not None:
             ctx.state = load_typed(cls.State, state)

@@ -1,5 +1,5 @@
-"""The machine of the multi-host test (tests/faults/test_multihost.py), imported by
-durable.py so worker subprocesses have it."""
+"""The machines of the multi-host and multi-database tests (tests/faults/test_multihost.py,
+tests/integration/test_databases.py), imported by durable.py so worker subprocesses have them."""
 
 import os
 import time
@@ -49,3 +49,19 @@ class DbLogged(gd.Machine):
         with connection.cursor() as cur:
             cur.execute("UPDATE gd_test_dblog SET ended_at = clock_timestamp() WHERE run = %s", [run])
         return gd.Done({})
+
+
+class SignalsSibling(gd.Machine):
+    """Signals state["target"] (a correlation key) "go" in its own database (ctx.database),
+    and records which alias that was (tests/integration/test_databases.py)."""
+
+    name = "tests.SignalsSibling"
+
+    @gd.step
+    def start(self, ctx):
+        try:
+            gd.signal(ctx.state["target"], "go", using=ctx.database)
+            sent = True
+        except gd.NoTarget:
+            sent = False
+        return gd.Done({"database": ctx.database, "sent": sent})

@@ -256,3 +256,21 @@ def test_processes_children_each_serve_every_database(two_databases, queue_name)
     starts = [line for line in proc.stderr.splitlines() if " starting: database " in line]
     assert sorted(line.split(" starting: database ")[1].split(" ")[0] for line in starts) == [
         "default", "default", "other", "other"]
+
+
+def test_a_step_signals_within_its_own_database_through_ctx_database(two_databases, queue_name):
+    from gen_durable.testing import drain
+    from tests.durable_app.multihost_machines import SignalsSibling
+    from tests.durable_app.signal_machines import Recorder
+
+    key = f"{queue_name}:waiter"
+    waiter = gd.insert(Recorder, state={"names": ["go"]}, queue=queue_name, correlation_key=key, using="other")
+    drain(queue_name, using="other")  # parks on "go"
+    sender = gd.insert(SignalsSibling, state={"target": key}, queue=queue_name, using="other")
+    # The same key in default names nothing: a sender there gets NoTarget, stores nothing.
+    lone = gd.insert(SignalsSibling, state={"target": key}, queue=queue_name)
+    drain(queue_name, using="other")
+    drain(queue_name)
+    assert Instance.objects.using("other").get(id=sender).result == {"database": "other", "sent": True}
+    assert Instance.objects.using("other").get(id=waiter).status == "done"
+    assert Instance.objects.using("default").get(id=lone).result == {"database": "default", "sent": False}
