@@ -274,3 +274,15 @@ def test_a_step_signals_within_its_own_database_through_ctx_database(two_databas
     assert Instance.objects.using("other").get(id=sender).result == {"database": "other", "sent": True}
     assert Instance.objects.using("other").get(id=waiter).status == "done"
     assert Instance.objects.using("default").get(id=lone).result == {"database": "default", "sent": False}
+
+
+def test_rundurable_names_routed_databases_it_does_not_serve(two_databases, keep_signal_handlers, caplog):  # noqa: F811
+    with routes(QUEUES={"elsewhere": "other"}), caplog.at_level("INFO", "gen_durable"):
+        call_command("rundurable", "--burst", "--queue", "default=1", "--no-gc", verbosity=1)
+        noted = [r.getMessage() for r in caplog.records if "which this host does not serve" in r.getMessage()]
+        assert noted == ["GEN_DURABLE['DATABASES'] routes work to other, which this host does not serve "
+                         "(serving default); run `rundurable --database ALIAS` for each somewhere"]
+        caplog.clear()
+        call_command("rundurable", "--burst", "--database", "default", "--database", "other", "--queue", "default=1",
+                     "--no-gc", verbosity=1)
+        assert not [r for r in caplog.records if "which this host does not serve" in r.getMessage()]

@@ -148,6 +148,7 @@ class Command(BaseCommand):
         if child is None:
             for alias in aliases:
                 self._require_migrations(alias)
+            self._note_unserved_routes(aliases)
         if queue and child is None:
             self._check_queues([name for name, _ in queue], burst, aliases)
         if child is None:
@@ -166,6 +167,18 @@ class Command(BaseCommand):
         code = Supervisor(configs[0]).run() if len(configs) == 1 else run_several(configs)
         if code:
             raise CommandError(f"worker exited with {code}")
+
+    def _note_unserved_routes(self, aliases):
+        """Log the databases GEN_DURABLE['DATABASES'] routes to that this host does not
+        serve: their rows wait for a `rundurable --database ALIAS` elsewhere."""
+        routes = get_settings().DATABASES if isinstance(get_settings().DATABASES, dict) else {}
+        routed = {alias for section in ("MACHINES", "QUEUES") if isinstance(routes.get(section), dict)
+                  for alias in routes[section].values() if isinstance(alias, str)}
+        unserved = sorted(routed - set(aliases))
+        if unserved:
+            logging.getLogger("gen_durable.worker").info(
+                "GEN_DURABLE['DATABASES'] routes work to %s, which this host does not serve (serving %s); "
+                "run `rundurable --database ALIAS` for each somewhere", ", ".join(unserved), ", ".join(aliases))
 
     def _require_migrations(self, alias: str):
         """Refuse to start while gen_durable's own migrations are unapplied: every pick,
