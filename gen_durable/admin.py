@@ -30,7 +30,7 @@ from django.utils.http import urlencode
 
 from . import calls, overview, registry
 from .admin_paging import EstimatedCountPaginator
-from .conf import database_alias
+from .conf import database_alias, get_settings
 from .exceptions import DuplicateInstance, GenDurableError, NoTarget, NotRetryable
 from .limiter.base import EPSILON
 from .limiter.config import get_limits
@@ -69,6 +69,74 @@ def _exact_id(term: str):
 
 
 # --- filters: choices from configuration and registry --------------------------------
+def engine_aliases() -> list[str]:
+    """The aliases the admin offers in its database selector: GEN_DURABLE['DATABASE'] and
+    every alias GEN_DURABLE['DATABASES'] routes to, in that order."""
+    routes = get_settings().DATABASES if isinstance(get_settings().DATABASES, dict) else {}
+    found = [database_alias()]
+    for section in ("MACHINES", "QUEUES"):
+        value = routes.get(section)
+        for alias in (value.values() if isinstance(value, dict) else ()):
+            if isinstance(alias, str) and alias not in found:
+                found.append(alias)
+    return found
+
+
+def request_alias(request) -> str:
+    """The database alias a page works on: `?database=ALIAS` (also read from a change
+    page's preserved changelist filters, and from a POST), default GEN_DURABLE['DATABASE'].
+    Raises Http404 for an alias Django's DATABASES lacks."""
+    from urllib.parse import parse_qs
+
+    from django.db import connections
+    from django.http import Http404
+
+    cached = getattr(request, "_gd_database", None)
+    if cached is not None:
+        return cached
+    alias = request.GET.get("database") or request.POST.get("database")
+    if not alias and request.GET.get("_changelist_filters"):
+        alias = (parse_qs(request.GET["_changelist_filters"]).get("database") or [None])[0]
+    alias = alias or database_alias()
+    if alias not in connections.settings:
+        raise Http404(f"no database alias {alias!r} (DATABASES has {', '.join(sorted(connections.settings))})")
+    request._gd_database = alias
+    return alias
+
+
+def with_database(url: str, alias: str | None) -> str:
+    """`url` with ?database=ALIAS added unless `alias` is the default one."""
+    if not alias or alias == database_alias():
+        return url
+    return url + ("&" if "?" in url else "?") + urlencode({"database": alias})
+
+
+class DatabaseFilter(admin.SimpleListFilter):
+    """The database selector (`?database=ALIAS`): get_queryset reads the alias, so this
+    filter narrows nothing itself; it shows the choice and keeps Django's changelist from
+    taking `database` for a field lookup."""
+
+    title = "database"
+    parameter_name = "database"
+
+    def lookups(self, request, model_admin):
+        aliases = engine_aliases()
+        current = request_alias(request)
+        return [(a, a) for a in aliases + ([current] if current not in aliases else [])]
+
+    def has_output(self):
+        return len(self.lookup_choices) > 1
+
+    def choices(self, changelist):
+        current = self.value() or database_alias()
+        for value, title in self.lookup_choices:
+            yield {"selected": value == current, "query_string": changelist.get_query_string(
+                {self.parameter_name: value}), "display": title}
+
+    def queryset(self, request, queryset):
+        return queryset
+
+
 class StatusFilter(admin.SimpleListFilter):
     title = "status"
     parameter_name = "status"
@@ -144,7 +212,7 @@ class InstanceAdmin(admin.ModelAdmin):
     list_display = ("id", "machine", "step", "status", "queue", "priority", "attempt", "eligible_at",
                     "correlation_key", "updated_at")
     list_display_links = ("id",)
-    list_filter = (StatusFilter, QueueFilter, MachineFilter)
+    list_filter = (DatabaseFilter, StatusFilter, QueueFilter, MachineFilter)
     search_fields = ("=id",)  # shows the search box; get_search_results does exact lookups only
     search_help_text = "An instance id, or the exact correlation key of a live instance."
     ordering = ("-id",)
@@ -177,7 +245,7 @@ class InstanceAdmin(admin.ModelAdmin):
         return False  # cancel is the safe way to stop an instance
 
     def get_queryset(self, request):
-        qs = super().get_queryset(request).using(database_alias())
+        qs = super().get_queryset(request).using(request_alias(request))
         match = getattr(request, "resolver_match", None)
         if match is not None and match.url_name == "gen_durable_instance_changelist":
             # The list shows none of the JSON columns; a row's state can be large.
@@ -199,7 +267,8 @@ class InstanceAdmin(admin.ModelAdmin):
         # correlation_guard is the indexed (gen_durable_correlation) copy of a live key.
         # Resolved first, so the list's query is a primary-key lookup: an OR of the two
         # conditions in one WHERE makes the planner walk the whole primary key.
-        ids = [r[0] for r in db.fetchall("SELECT id FROM gen_durable WHERE correlation_guard = %s", (term,))]
+        ids = [r[0] for r in db.fetchall("SELECT id FROM gen_durable WHERE correlation_guard = %s", (term,),
+                                         request_alias(request))]
         id_ = _exact_id(term)
         if id_ is not None:
             ids.append(id_)
@@ -211,7 +280,9 @@ class InstanceAdmin(admin.ModelAdmin):
         extra_context = dict(extra_context or {}, show_save=False, show_save_and_continue=False,
                              show_save_and_add_another=False, show_delete=False,
                              can_act=self.has_change_permission(request) and object_id is not None,
-                             title=f"Instance #{object_id}")
+                             title=f"Instance #{object_id}" + (
+                                 "" if request_alias(request) == database_alias()
+                                 else f" (database {request_alias(request)})"))
         return super().changeform_view(request, object_id, form_url, extra_context)
 
     # --- detail fields -------------------------------------------------------------------
@@ -272,21 +343,22 @@ class InstanceAdmin(admin.ModelAdmin):
     def parent_link(self, obj):
         if obj.parent_id is None:
             return "—"
-        url = reverse("admin:gen_durable_instance_change", args=[obj.parent_id])
+        url = with_database(reverse("admin:gen_durable_instance_change", args=[obj.parent_id]), obj._state.db)
         return format_html('<a href="{}">#{}</a>', url, obj.parent_id)
 
     @admin.display(description="inbox (newest first)")
     def inbox(self, obj):
-        rows = list(Signal.objects.using(database_alias()).filter(target_id=obj.id)
-                    .order_by("-id")[:INLINE_LIMIT])
+        alias = obj._state.db  # the database the instance was read from (the page's selector)
+        rows = list(Signal.objects.using(alias).filter(target_id=obj.id).order_by("-id")[:INLINE_LIMIT])
         total = len(rows) if len(rows) < INLINE_LIMIT else (
-            Signal.objects.using(database_alias()).filter(target_id=obj.id).count())
+            Signal.objects.using(alias).filter(target_id=obj.id).count())
         if not rows:
             return "empty"
         body = format_html_join("", "<tr><td>{}</td><td>{}</td><td><code>{}</code></td><td>{}</td><td>{}</td></tr>", (
             (s.id, s.name, json.dumps(s.payload, cls=DjangoJSONEncoder, ensure_ascii=False)[:500],
              s.dedup_key or "—", s.inserted_at) for s in rows))
-        url = reverse("admin:gen_durable_signal_changelist") + "?" + urlencode({"target": obj.id})
+        url = with_database(reverse("admin:gen_durable_signal_changelist") + "?" + urlencode({"target": obj.id}),
+                            alias)
         return format_html(
             '<table class="gd-inline" id="gd-inbox"><thead><tr><th>id</th><th>name</th><th>payload</th>'
             "<th>dedup key</th><th>inserted at</th></tr></thead><tbody>{}</tbody></table>{}",
@@ -294,16 +366,18 @@ class InstanceAdmin(admin.ModelAdmin):
 
     @admin.display(description="children (newest first)")
     def children_list(self, obj):
-        qs = Instance.objects.using(database_alias()).filter(parent_id=obj.id)
+        alias = obj._state.db
+        qs = Instance.objects.using(alias).filter(parent_id=obj.id)
         rows = list(qs.order_by("-id").only("id", "fsm", "step", "status", "result", "last_error")[:INLINE_LIMIT])
         total = len(rows) if len(rows) < INLINE_LIMIT else qs.count()
         if not rows:
             return "none"
         body = format_html_join("", '<tr><td><a href="{}">#{}</a></td><td>{}</td><td>{}</td><td>{}</td><td><code>{}</code></td></tr>', (
-            (reverse("admin:gen_durable_instance_change", args=[c.id]), c.id, c.fsm, c.status, c.step,
+            (with_database(reverse("admin:gen_durable_instance_change", args=[c.id]), alias), c.id, c.fsm, c.status, c.step,
              (json.dumps(c.result, cls=DjangoJSONEncoder, ensure_ascii=False) if c.result is not None
               else (c.last_error or ""))[:500]) for c in rows))
-        url = reverse("admin:gen_durable_instance_changelist") + "?" + urlencode({"parent": obj.id})
+        url = with_database(reverse("admin:gen_durable_instance_changelist") + "?" + urlencode({"parent": obj.id}),
+                            alias)
         return format_html(
             '<table class="gd-inline" id="gd-children"><thead><tr><th>id</th><th>machine</th><th>status</th>'
             "<th>step</th><th>result / error</th></tr></thead><tbody>{}</tbody></table>{}",
@@ -322,8 +396,9 @@ class InstanceAdmin(admin.ModelAdmin):
                                        "(narrow the list with a filter).", messages.ERROR)
             return None
         url = reverse("admin:gen_durable_instance_act", args=[action])
-        return HttpResponseRedirect(url + "?" + urlencode({"ids": ",".join(map(str, ids)),
-                                                           "next": request.get_full_path()}))
+        return HttpResponseRedirect(with_database(url + "?" + urlencode({"ids": ",".join(map(str, ids)),
+                                                                         "next": request.get_full_path()}),
+                                                  request_alias(request)))
 
     @admin.action(description="Cancel selected instances…", permissions=["change"])
     def cancel_selected(self, request, queryset):
@@ -360,26 +435,29 @@ class InstanceAdmin(admin.ModelAdmin):
         if request.method == "POST" and ids and form.is_valid():
             self._apply(request, action, ids, form.cleaned_data)
             return HttpResponseRedirect(back)
-        targets = list(Instance.objects.using(database_alias()).filter(id__in=ids)
+        targets = list(Instance.objects.using(request_alias(request)).filter(id__in=ids)
                        .only("id", "fsm", "step", "status", "queue").order_by("-id"))
         context = {
             **self.admin_site.each_context(request),
             "opts": self.model._meta, "title": f"{spec['title']}: {len(ids)} instance{'s' if len(ids) != 1 else ''}",
             "action": action, "spec": spec, "form": form, "targets": targets,
             "missing": sorted(set(ids) - {t.id for t in targets}), "ids": ",".join(map(str, ids)), "next": back,
+            "database": request_alias(request),
         }
         return TemplateResponse(request, "admin/gen_durable/instance/action_confirm.html", context)
 
     def _apply(self, request, action, ids, data):
         done, skipped = [], []
+        using = request_alias(request)
         for id_ in ids:
             try:
                 if action == "cancel":
-                    calls.cancel(id_, data["reason"])
+                    calls.cancel(id_, data["reason"], using=using)
                 elif action == "retry":
-                    calls.retry(id_)
+                    calls.retry(id_, using=using)
                 else:
-                    if calls.signal(id_, data["name"], data["payload"], dedup_key=data["dedup_key"] or None) is None:
+                    if calls.signal(id_, data["name"], data["payload"], dedup_key=data["dedup_key"] or None,
+                                    using=using) is None:
                         skipped.append(f"#{id_} (dedup key already delivered)")
                         continue
                 done.append(id_)
@@ -421,8 +499,10 @@ class SignalAdmin(admin.ModelAdmin):
     paginator = EstimatedCountPaginator
     list_per_page = 100
 
+    list_filter = (DatabaseFilter,)
+
     def get_queryset(self, request):
-        return super().get_queryset(request).using(database_alias())
+        return super().get_queryset(request).using(request_alias(request))
 
     def lookup_allowed(self, lookup, value, request=None):
         # gen_durable_signals_target (target_id, name) serves both.
@@ -439,7 +519,7 @@ class SignalAdmin(admin.ModelAdmin):
 
     @admin.display(description="target")
     def target_link(self, obj):
-        url = reverse("admin:gen_durable_instance_change", args=[obj.target_id])
+        url = with_database(reverse("admin:gen_durable_instance_change", args=[obj.target_id]), obj._state.db)
         return format_html('<a href="{}">#{}</a>', url, obj.target_id)
 
     @admin.display(description="payload")
@@ -461,7 +541,10 @@ class ReadOnlyAdmin(admin.ModelAdmin):
     """The limiter's tables: the limiter owns every write."""
 
     def get_queryset(self, request):
-        return super().get_queryset(request).using(database_alias())
+        return super().get_queryset(request).using(request_alias(request))
+
+    def get_list_filter(self, request):
+        return (DatabaseFilter, *self.list_filter)
 
     def has_add_permission(self, request):
         return False
@@ -521,10 +604,15 @@ class QueueOverviewAdmin(admin.ModelAdmin):
     def overview_view(self, request):
         if not self.has_view_permission(request):
             raise PermissionDenied
+        alias = request_alias(request)
+        aliases = engine_aliases()
         context = {
             **self.admin_site.each_context(request),
-            "opts": self.model._meta, "title": "Queue overview",
-            "sections": overview.build(database_alias()), "can_pause": self.can_pause(request),
+            "opts": self.model._meta, "title": "Queue overview" + ("" if alias == database_alias()
+                                                                  else f" (database {alias})"),
+            "sections": overview.build(alias), "can_pause": self.can_pause(request),
+            "database": alias, "databases": aliases + ([alias] if alias not in aliases else []),
+            "database_query": "" if alias == database_alias() else urlencode({"database": alias}),
         }
         return TemplateResponse(request, "admin/gen_durable/overview/page.html", context)
 
@@ -535,14 +623,15 @@ class QueueOverviewAdmin(admin.ModelAdmin):
         if not self.can_pause(request):
             raise PermissionDenied
         queue, op = request.POST.get("queue", ""), request.POST.get("op")
+        using = request_alias(request)
         try:
             if op == "pause":
-                changed = calls.pause_queue(queue)
+                changed = calls.pause_queue(queue, using=using)
                 self.message_user(request, f"Queue {queue!r} paused: workers stop claiming from it within about "
                                            "a second." if changed else f"Queue {queue!r} was already paused.",
                                   messages.SUCCESS if changed else messages.WARNING)
             elif op == "resume":
-                changed = calls.resume_queue(queue)
+                changed = calls.resume_queue(queue, using=using)
                 self.message_user(request, f"Queue {queue!r} resumed." if changed
                                   else f"Queue {queue!r} was not paused.",
                                   messages.SUCCESS if changed else messages.WARNING)
@@ -550,4 +639,4 @@ class QueueOverviewAdmin(admin.ModelAdmin):
                 self.message_user(request, f"unknown operation {op!r}", messages.ERROR)
         except GenDurableError as exc:
             self.message_user(request, str(exc), messages.ERROR)
-        return HttpResponseRedirect(reverse("admin:gen_durable_queueoverview_changelist"))
+        return HttpResponseRedirect(with_database(reverse("admin:gen_durable_queueoverview_changelist"), using))

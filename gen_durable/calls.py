@@ -13,7 +13,7 @@ from asgiref.sync import sync_to_async
 
 from . import db, registry, sql
 from .codec import encode_state
-from .conf import get_settings
+from .conf import database_alias, get_settings, routed_alias
 from .codec import encode
 from .exceptions import DuplicateInstance, InvalidInput, NoTarget
 from .limiter.config import get_limits
@@ -135,7 +135,8 @@ def insert(machine, *, state=None, args=None, step=None, queue=None, priority=0,
         correlation_key / correlation_scope: identity and its reserved statuses (docs/design.md#identity);
             scope default = live statuses; [] = no uniqueness and not addressable.
         concurrency_key, rate_limit: None, "name" or (name, partition); weight > 0.
-        using: database alias.
+        using: database alias; default: the alias GEN_DURABLE['DATABASES'] routes the
+            machine or its queue to, else GEN_DURABLE['DATABASE'] (docs/scaling.md).
     Raises:
         DuplicateInstance: the correlation key is occupied.
         InvalidInput: bad queue, priority, step, delay, naive datetime, scope or weight.
@@ -153,7 +154,7 @@ def insert(machine, *, state=None, args=None, step=None, queue=None, priority=0,
         "concurrency_key": row.concurrency_key, "rate_limit": row.rate_limit, "weight": row.weight,
         "correlation_key": row.correlation_key, "scope": list(row.scope),
     }
-    found = db.fetchone(sql.INSERT, params, using)
+    found = db.fetchone(sql.INSERT, params, using or routed_alias(row.fsm, row.queue))
     if found is None:
         raise DuplicateInstance(row.correlation_key)
     return found[0]
@@ -265,6 +266,18 @@ _SHAPE_COLUMNS = ("fsm", "fsm_version", "step", "queue", "priority", "at", "dela
                   "concurrency_key", "rate_limit", "weight", "scope")
 
 
+def batch_alias(batch: Batch) -> str | None:
+    """The one database GEN_DURABLE['DATABASES'] routes every shape of `batch` to (None:
+    unrouted). Raises InvalidInput for a batch whose rows live on different databases:
+    one insert_all is one statement on one database."""
+    aliases = {database_alias(routed_alias(s.fsm, s.queue)) for s in batch.shapes}
+    if len(aliases) > 1:
+        raise InvalidInput(f"insert_all: these rows are routed to different databases ({', '.join(sorted(aliases))}) "
+                           "by GEN_DURABLE['DATABASES']; insert each database's rows in a call of its own "
+                           "(or pass using=)")
+    return routed_alias(batch.shapes[0].fsm, batch.shapes[0].queue) if batch.shapes else None
+
+
 def insert_rows(batch: Batch, parent_ids=None, using=None) -> list[int | None]:
     """Run insert_all.sql for a validated batch; return ids in input order (None = duplicate)."""
     n = len(batch.state)
@@ -292,6 +305,8 @@ def insert_rows(batch: Batch, parent_ids=None, using=None) -> list[int | None]:
             params[name], params[name + "_1"] = db.batch_column([values[s] for s in batch.shape])
     params["correlation_key"], params["correlation_key_1"] = db.batch_column(batch.correlation_key)
     params["parent_id"], params["parent_id_1"] = db.batch_column([None] if parent_ids is None else list(parent_ids))
+    if using is None:
+        using = batch_alias(batch)
     ids = map_returned(batch, db.fetchall(sql.INSERT_ALL, params, using))
     if order is None:
         return ids

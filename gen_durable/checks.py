@@ -598,3 +598,44 @@ def check_rate_limit_names(app_configs=None, databases=None, **kwargs):
     return [Warning(f"Rows waiting to run name rate limits that are not configured: {describe_stranded(unknown)}.",
                     hint="Add them to GEN_DURABLE['RATE_LIMITS']; until then those rows stay runnable and "
                          "are never admitted (each is re-offered every 60 s).", id=ID + "W004")]
+
+
+@register(Tags.compatibility)
+def check_database_routes(app_configs=None, **kwargs):
+    """E090: GEN_DURABLE['DATABASES'] is not {"MACHINES": {name: alias}, "QUEUES": {queue: alias}};
+    E091: it routes to an alias DATABASES lacks; W090: it names a machine no app registers
+    (its inserts would land on DATABASE, not where the route says)."""
+    from django.db import connections
+
+    from . import registry
+
+    routes = get_settings().DATABASES
+    hint = ('GEN_DURABLE["DATABASES"] = {"MACHINES": {"app.Machine": "alias"}, "QUEUES": {"queue": "alias"}} '
+            "(docs/scaling.md).")
+    if not isinstance(routes, dict):
+        return [Error("GEN_DURABLE['DATABASES'] must be a dict.", hint=hint, id=ID + "E090")]
+    errors = []
+    for key in sorted(set(routes) - {"MACHINES", "QUEUES"}):
+        errors.append(Error(f"GEN_DURABLE['DATABASES'] has an unknown key {key!r}.", hint=hint, id=ID + "E090"))
+    known = {name for name, _version in registry.all_machines()}
+    for section in ("MACHINES", "QUEUES"):
+        value = routes.get(section, {})
+        if not isinstance(value, dict):
+            errors.append(Error(f"GEN_DURABLE['DATABASES'][{section!r}] must be a dict of name -> alias.",
+                                hint=hint, id=ID + "E090"))
+            continue
+        for name, alias in sorted(value.items(), key=lambda kv: str(kv[0])):
+            where = f"GEN_DURABLE['DATABASES'][{section!r}][{name!r}]"
+            if not isinstance(name, str) or not name or not isinstance(alias, str) or not alias:
+                errors.append(Error(f"{where} must map a non-empty name to a database alias (a string).",
+                                    hint=hint, id=ID + "E090"))
+            elif alias not in connections.settings:
+                errors.append(Error(f"{where} routes to database {alias!r}, which DATABASES lacks.",
+                                    hint=f"Aliases: {sorted(connections.settings)}.", id=ID + "E091"))
+            elif section == "MACHINES" and name not in known:
+                close = difflib.get_close_matches(name, sorted(known), n=1)
+                errors.append(Warning(f"{where}: no registered machine is named {name!r}; its route has no effect.",
+                                      hint=f"Did you mean {close[0]!r}?" if close else
+                                      "Machine names are registered names such as 'app.Machine'.",
+                                      id=ID + "W090"))
+    return errors

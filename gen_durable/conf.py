@@ -17,6 +17,10 @@ from django.dispatch import receiver
 
 DEFAULTS: dict[str, Any] = {
     "DATABASE": "default",
+    # Where a machine's or queue's instances live when a call passes no using=:
+    # {"MACHINES": {name: alias}, "QUEUES": {queue: alias}} (a machine's entry wins);
+    # anything unrouted lives on DATABASE (docs/scaling.md).
+    "DATABASES": {},
     "QUEUES": {"default": 10},
     "RATE_LIMITS": {},
     "CONCURRENCY_LIMITS": {},
@@ -69,6 +73,7 @@ NESTED = ("FLUSH", "REAPER", "GC", "INLINE", "PRODUCER")
 @dataclass(frozen=True)
 class Settings:
     DATABASE: str
+    DATABASES: dict
     QUEUES: dict
     RATE_LIMITS: dict
     CONCURRENCY_LIMITS: dict
@@ -129,6 +134,15 @@ def derived_heartbeat(lease):
 
 def database_alias(using: str | None = None) -> str:
     return using or get_settings().DATABASE
+
+
+def routed_alias(fsm: str, queue: str) -> str | None:
+    """The alias GEN_DURABLE['DATABASES'] gives machine `fsm` (its registered name) or,
+    failing that, `queue`; None when neither is routed (then DATABASE applies)."""
+    routes = get_settings().DATABASES
+    if not routes or not isinstance(routes, dict):
+        return None
+    return (routes.get("MACHINES") or {}).get(fsm) or (routes.get("QUEUES") or {}).get(queue)
 
 
 @receiver(setting_changed)

@@ -74,6 +74,9 @@ class Context:
 
     attempt: 0-based; awaited: the signals this step was woken with (names it awaited);
     all: the whole inbox; children: every child row still in the table, by id.
+    database: the alias of the database the instance lives on (its worker's); pass it as
+    `using=` to signal, cancel or read instances of the same group from a step
+    (docs/scaling.md). None outside a worker.
     """
 
     id: int
@@ -86,6 +89,7 @@ class Context:
     queue: str = "default"
     correlation_key: str | None = None
     machine: Any = None
+    database: str | None = None
 
     @property
     def args(self):

@@ -34,7 +34,7 @@ from django.db import DatabaseError, InterfaceError, OperationalError
 
 from . import telemetry
 from .calls import Batch, build_row, insert_rows
-from .conf import get_settings
+from .conf import database_alias, get_settings, routed_alias
 from .exceptions import DuplicateInstance, InvalidInput
 from .outcomes import Spec
 
@@ -202,6 +202,16 @@ class Producer:
             connections.close_all()
 
     def _write(self, batch, retry=True):
+        if self.using is None and get_settings().DATABASES:
+            # GEN_DURABLE['DATABASES'] may route the buffered rows to several databases:
+            # one insert_all per database.
+            groups: dict = {}
+            for item in batch:
+                groups.setdefault(database_alias(routed_alias(item[1].fsm, item[1].queue)), []).append(item)
+            if len(groups) > 1:
+                for part in groups.values():
+                    self._write(part, retry)
+                return None
         started = time.perf_counter()
         try:
             ids = insert_rows(Batch.of([row for _, row in batch]), using=self.using)

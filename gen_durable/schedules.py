@@ -184,6 +184,29 @@ def configured() -> dict[str, Schedule]:
     return out
 
 
+def database_of(schedule: Schedule) -> str:
+    """The alias a schedule fires in: where GEN_DURABLE['DATABASES'] routes its machine (or
+    the machine's queue), else GEN_DURABLE['DATABASE'] — so a worker serving several
+    databases fires each schedule once, in its own database."""
+    from . import registry
+    from .conf import database_alias, routed_alias
+    from .exceptions import UnknownMachine
+
+    try:
+        queue = registry.latest(schedule.machine).queue
+    except UnknownMachine:
+        queue = None
+    return database_alias(routed_alias(schedule.machine, queue))
+
+
+def for_database(schedules: dict, using=None) -> dict:
+    """The schedules of `schedules` that fire in database `using` (see `database_of`)."""
+    from .conf import database_alias
+
+    alias = database_alias(using)
+    return {name: s for name, s in schedules.items() if database_of(s) == alias}
+
+
 def _now(using) -> dt.datetime:
     return db.fetchone("SELECT now()", None, using)[0]
 

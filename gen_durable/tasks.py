@@ -72,6 +72,7 @@ __all__ = ["GenDurableBackend", "InvalidTask", "InvalidTaskBackend", "Task", "Ta
 OPTION_DEFAULTS = {
     "MAX_ATTEMPTS": 1,  # Django's semantics: a task that raises is FAILED; raise it to retry
     "BACKOFF": None,    # f(attempt) -> seconds; None = min(2 ** (attempt - 1), 300), jittered
+    "DATABASE": None,   # the database alias its tasks live on; None = GEN_DURABLE["DATABASE"]
 }
 PARAM_KEYS = {"BACKEND", "QUEUES", "OPTIONS"}
 STEP = "run"
@@ -222,7 +223,9 @@ class GenDurableBackend(BaseTaskBackend):
     GEN_DURABLE["QUEUES"], which is what `rundurable` runs), OPTIONS: MAX_ATTEMPTS
     (int >= 1, default 1) and BACKOFF (a callable or its dotted path, `f(attempt) ->
     seconds` after failed attempt `attempt` counted from 1; default min(2 ** (attempt -
-    1), 300) with jitter). Any other key, or an invalid value, is reported by system
+    1), 300) with jitter) and DATABASE (the alias of Django's DATABASES its tasks are
+    inserted in and read from; default GEN_DURABLE["DATABASE"]; GEN_DURABLE["DATABASES"]
+    routes do not apply to tasks, one backend alias per database does). Any other key, or an invalid value, is reported by system
     check gen_durable.E060 and makes every use of the backend (enqueue, get_result, a
     worker running one of its tasks) raise InvalidTaskBackend; building it does not
     raise, so the apps' tasks.py modules still import and the check can report it.
@@ -244,13 +247,20 @@ class GenDurableBackend(BaseTaskBackend):
         # gen_durable.E060 reports it and every use raises it (`_require_valid`).
         self.config_error: str | None = None
         self.max_attempts, self.backoff = OPTION_DEFAULTS["MAX_ATTEMPTS"], OPTION_DEFAULTS["BACKOFF"]
+        self._database = None
         try:
-            self.max_attempts, self.backoff = self._options(alias, params)
+            self.max_attempts, self.backoff, self._database = self._options(alias, params)
         except InvalidTaskBackend as exc:
             self.config_error = str(exc)
 
+    @property
+    def database(self) -> str:
+        """The database alias this backend's tasks live on (OPTIONS["DATABASE"])."""
+        return self._database or get_settings().DATABASE
+
     def _options(self, alias, params) -> tuple:
-        """(MAX_ATTEMPTS, BACKOFF callable or None) from `params`; raises InvalidTaskBackend."""
+        """(MAX_ATTEMPTS, BACKOFF callable or None, DATABASE alias or None) from `params`;
+        raises InvalidTaskBackend."""
         unknown = sorted(set(params) - PARAM_KEYS)
         if unknown:
             raise InvalidTaskBackend(f"TASKS[{alias!r}] has unknown keys {unknown}; "
@@ -275,7 +285,14 @@ class GenDurableBackend(BaseTaskBackend):
         if backoff is not None and not callable(backoff):
             raise InvalidTaskBackend(f"TASKS[{alias!r}]['OPTIONS']['BACKOFF'] must be a callable "
                                      f"f(attempt) -> seconds or its dotted path, got {backoff!r}")
-        return max_attempts, backoff
+        database = options["DATABASE"]
+        if database is not None:
+            from django.db import connections
+
+            if not isinstance(database, str) or database not in connections.settings:
+                raise InvalidTaskBackend(f"TASKS[{alias!r}]['OPTIONS']['DATABASE'] must be an alias of DATABASES "
+                                         f"({sorted(connections.settings)}), got {database!r}")
+        return max_attempts, backoff, database
 
     def _require_valid(self) -> None:
         """Raise InvalidTaskBackend when this alias's settings are invalid (gen_durable.E060)."""
@@ -329,7 +346,7 @@ class GenDurableBackend(BaseTaskBackend):
         InvalidTaskBackend when the alias's settings are invalid (gen_durable.E060).
         """
         row = self._row(task, args, kwargs)
-        [(id_, enqueued_at)] = _insert([row])
+        [(id_, enqueued_at)] = _insert([row], self.database)
         result = self._ready(task, id_, enqueued_at, args, kwargs)
         task_enqueued.send(type(self), task_result=result)
         return result
@@ -350,7 +367,7 @@ class GenDurableBackend(BaseTaskBackend):
             raise TaskResultDoesNotExist(result_id) from None
         if not -(2**63) <= id_ < 2**63:
             raise TaskResultDoesNotExist(result_id)
-        row = (Instance.objects.using(get_settings().DATABASE).filter(id=id_)
+        row = (Instance.objects.using(self.database).filter(id=id_)
                .values_list("fsm", "status", "state", "result", "attempt_log", "locked_by", "queue",
                             "priority", "inserted_at", "updated_at", "last_error").first())
         if row is None:
@@ -394,12 +411,12 @@ class GenDurableBackend(BaseTaskBackend):
         return result
 
 
-def _insert(rows) -> list[tuple]:
+def _insert(rows, using=None) -> list[tuple]:
     arr = db.pg_array
     params = {"fsm": arr([r[0] for r in rows]), "state": arr([r[1] for r in rows]),
               "queue": arr([r[2] for r in rows]), "priority": arr([r[3] for r in rows]),
               "at": arr([r[4] for r in rows])}
-    return db.fetchall(sql.TASK_ENQUEUE, params)
+    return db.fetchall(sql.TASK_ENQUEUE, params, using)
 
 
 def enqueue_all(calls) -> list:
@@ -409,7 +426,8 @@ def enqueue_all(calls) -> list:
         calls: an iterable of `(task, args, kwargs)` — task a Task whose backend is a
             GenDurableBackend (`.using(...)` variants welcome), args a list/tuple,
             kwargs a dict.
-    Returns: the READY TaskResults, in input order.
+    Returns: the READY TaskResults, in input order. Tasks of backends on different
+        databases (OPTIONS["DATABASE"]) take one statement per database.
     Raises: what `enqueue` raises, before anything is written. Joins the caller's
         transaction.atomic() like `enqueue`. Sends `task_enqueued` per task.
     """
@@ -429,7 +447,13 @@ def enqueue_all(calls) -> list:
         prepared.append((backend, task, args, kwargs, backend._row(task, args, kwargs)))
     if not prepared:
         return []
-    returned = _insert([p[4] for p in prepared])
+    by_database: dict = {}
+    for i, p in enumerate(prepared):
+        by_database.setdefault(p[0].database, []).append(i)
+    returned: list = [None] * len(prepared)
+    for alias, positions in by_database.items():
+        for i, got in zip(positions, _insert([prepared[i][4] for i in positions], alias)):
+            returned[i] = got
     results = []
     for (backend, task, args, kwargs, _), (id_, enqueued_at) in zip(prepared, returned):
         result = backend._ready(task, id_, enqueued_at, args, kwargs)

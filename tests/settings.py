@@ -22,6 +22,10 @@ INSTALLED_APPS = [
 DATABASES = {"default": database_settings()}
 # GEN_DURABLE_TEST_DB lets two checkouts run their suites on one server at once.
 DATABASES["default"]["TEST"] = {"NAME": os.environ.get("GEN_DURABLE_TEST_DB", "test_gen_durable")}
+# A second alias on the same server, its own database: queue groups on several databases
+# (docs/scaling.md). Tests that use it say so (pytest-django's `databases=`); its test
+# database name follows the default's, so parallel checkouts stay apart there too.
+DATABASES["other"] = dict(database_settings(), TEST={"NAME": DATABASES["default"]["TEST"]["NAME"] + "_other"})
 # The admin's middleware, so the whole project passes `manage.py check` (the worker
 # subprocesses of the fault tests run with system checks on).
 MIDDLEWARE = [
@@ -48,6 +52,9 @@ TASKS = {
     "default": {"BACKEND": "gen_durable.tasks.GenDurableBackend", "QUEUES": ["default"]},
     "retrying": {"BACKEND": "gen_durable.tasks.GenDurableBackend", "QUEUES": ["default"],
                  "OPTIONS": {"MAX_ATTEMPTS": 3, "BACKOFF": "tests.durable_app.backoff.no_backoff"}},
+    # Tasks on the second database (tests/integration/test_databases.py).
+    "other": {"BACKEND": "gen_durable.tasks.GenDurableBackend", "QUEUES": ["default"],
+              "OPTIONS": {"DATABASE": "other"}},
 }
 # Child processes of the fault and command tests (tests/races/test_faults.py,
 # tests/integration/test_rundurable.py) load these settings too: point them at the test
@@ -55,8 +62,12 @@ TASKS = {
 # over GEN_DURABLE). Unset in the pytest process itself.
 if os.environ.get("GEN_DURABLE_TEST_DB_NAME"):
     DATABASES["default"]["NAME"] = os.environ["GEN_DURABLE_TEST_DB_NAME"]
+if os.environ.get("GEN_DURABLE_TEST_OTHER_DB_NAME"):
+    DATABASES["other"]["NAME"] = os.environ["GEN_DURABLE_TEST_OTHER_DB_NAME"]
 if os.environ.get("GEN_DURABLE_TEST_DB_OVERRIDE"):  # JSON merged over the database's settings
     DATABASES["default"].update(json.loads(os.environ["GEN_DURABLE_TEST_DB_OVERRIDE"]))
+if os.environ.get("GEN_DURABLE_TEST_OTHER_DB_OVERRIDE"):  # the same, for the "other" alias
+    DATABASES["other"].update(json.loads(os.environ["GEN_DURABLE_TEST_OTHER_DB_OVERRIDE"]))
 if os.environ.get("GEN_DURABLE_TEST_SETTINGS"):
     GEN_DURABLE.update(json.loads(os.environ["GEN_DURABLE_TEST_SETTINGS"]))
 TEMPLATES = [{

@@ -46,6 +46,7 @@ class Claimed:
     raw_state: str | None = None  # the state as committed (JSON text): an inline continuation
     #                               that keeps the state starts from it, not from a mutated ctx.state
     prefetched: bool = False  # claimed beyond the free slots: re-checked before it starts
+    database: str | None = None  # the alias it was claimed from: its children must live there too
     checked: float | None = None  # monotonic time of the last re-check that found it still ours
     rechecked: bool = False  # its freshness came from a batch re-check (counted when it starts)
     pending: object = None  # threading.Event of a re-check in flight that covers it (`Scheduler._owned`)
@@ -87,7 +88,8 @@ def pick(queue: str, limit: int, worker: str, ttl: float, *, gates=(), using=Non
                 telemetry.emit("concurrency.contended", {"count": 1}, {"queue": queue})
     if not rows:
         return []
-    jobs = [Claimed(*r, worker=worker) for r in rows]
+    alias = database_alias(using)
+    jobs = [Claimed(*r, worker=worker, database=alias) for r in rows]
     for j in jobs:
         j.raw_state, j.state = j.state, loads(j.state)
     jobs.sort(key=lambda j: (j.priority, j.eligible_at, j.id))

@@ -22,7 +22,7 @@ from asgiref.sync import sync_to_async
 from .. import db, registry, telemetry
 from ..calls import Row, build_row
 from ..codec import clean_text, encode, encode_state, load_typed, loads, safe_repr
-from ..conf import get_settings
+from ..conf import database_alias, get_settings, routed_alias
 from ..exceptions import InvalidOutcome, StepTimeout, TransactionLeftOpen, UnknownMachine
 from ..limiter.config import get_limits, name_of
 from ..machine import Context, Job, Machine, jittered
@@ -128,7 +128,7 @@ def _prepare(cls, job: Claimed):
         awaited = []
     ctx = Context(id=job.id, step=job.step, state=job.state, attempt=job.attempt, awaited=awaited,
                   all=list(inbox), children=list(job.children), queue=job.queue,
-                  correlation_key=job.correlation_key, machine=machine)
+                  correlation_key=job.correlation_key, machine=machine, database=job.database)
     return method, machine, ctx, awaited
 
 
@@ -342,7 +342,7 @@ def execute_timeout(job: Claimed, timeout: float, elapsed: float) -> Entry:
     # The committed state: the abandoned thread may still be mutating job.state.
     state = loads(job.raw_state) if job.raw_state is not None else job.state
     ctx = Context(id=job.id, step=job.step, state=state, attempt=job.attempt, queue=job.queue,
-                  correlation_key=job.correlation_key, machine=machine)
+                  correlation_key=job.correlation_key, machine=machine, database=job.database)
     try:
         if cls.State is not None:
             ctx.state = load_typed(cls.State, state)
@@ -452,6 +452,22 @@ def inline_kind(outcome: Next, cls, job: Claimed, allowed: bool) -> tuple[bool, 
     return True, "next"
 
 
+def _check_children_database(children, cls, job: Claimed):
+    """Raise InvalidOutcome for a child GEN_DURABLE['DATABASES'] routes to another database
+    than its parent's: a parent and its children are joined in one transaction, on one
+    database (docs/scaling.md)."""
+    if job.database is None or not get_settings().DATABASES:
+        return
+    for row in children:
+        routed = routed_alias(row.fsm, row.queue)
+        if routed is not None and database_alias(routed) != job.database:
+            raise InvalidOutcome(
+                f"{cls.name}#{job.id} (database {job.database!r}) schedules a child {row.fsm} (queue {row.queue!r}) "
+                f"that GEN_DURABLE['DATABASES'] routes to database {routed!r}: a parent and its children live "
+                "on one database; route them together, or insert the other instance with gd.insert() "
+                "and signal back")
+
+
 def to_entry(outcome, cls, job: Claimed, *, consumed, presented, inline=False) -> Entry:
     """Validate and encode `outcome` (raises InvalidOutcome / SerializationError).
 
@@ -494,6 +510,7 @@ def to_entry(outcome, cls, job: Claimed, *, consumed, presented, inline=False) -
     if isinstance(outcome, ScheduleChildren):
         _check_step(cls, outcome.next, outcome)
         children = [build_row(c.machine, **c.kwargs) for c in outcome.children]
+        _check_children_database(children, cls, job)
         return Entry(kind="schedule", step=outcome.next, state=_state(outcome.state, cls, job),
                      children=children, consumed=consumed, **base)
     if isinstance(outcome, Stop):

@@ -100,7 +100,8 @@ class Supervisor:
         self.listener = None
         # Await deadlines and scheduled rows fire on time, reaper or not (docs/guide.md "Time").
         # Cron schedules: every worker process may fire them; the database lets one per tick.
-        self.cron = schedules.configured()
+        # With several databases, each schedule fires in the one its machine is routed to.
+        self.cron = schedules.for_database(schedules.configured(), self.using)
         self.timer = (Timer(self.schedulers, self._wake, self.using, schedules=self.cron)
                       if self.schedulers or self.cron else None)
         self.heartbeat_role = None
@@ -384,3 +385,43 @@ class Supervisor:
         the queues' feeders (an exception the loop did not expect)."""
         dead = [] if self.flusher.alive() else ["flusher"]
         return dead + [f"feeder {q}" for q, s in self.schedulers.items() if not s._thread.is_alive()]
+
+
+def run_several(configs: list[WorkerConfig]) -> int:
+    """Run one Supervisor per config (each on its own database, `config.using`) in this
+    process until SIGTERM/SIGINT; return the first non-zero exit code, else 0.
+
+    Each database gets the whole set of roles (schedulers, flusher, heartbeat, timer and
+    cron, reaper, GC, listener, limiter) on its own connections: leases, timers and
+    limits are per database, as the rows are. When one supervisor stops with an error
+    (a dead engine thread) the others are stopped too, so whatever runs this process
+    restarts all of it. In burst mode each stops once its own database is idle, and the
+    call returns when all have.
+    """
+    sups = [Supervisor(c) for c in configs]
+    codes: list = [None] * len(sups)
+
+    def stop_all(*_):
+        for sup in sups:
+            sup.request_stop()
+
+    def run(i):
+        try:
+            codes[i] = sups[i].run(install_signals=False)
+        except Exception:
+            logger.exception("worker for database %r failed", database_alias(sups[i].using))
+            codes[i] = 1
+        if codes[i]:
+            stop_all()
+
+    signal.signal(signal.SIGTERM, stop_all)
+    signal.signal(signal.SIGINT, stop_all)
+    threads = [threading.Thread(target=run, args=(i,), name=f"gd-db-{database_alias(s.using)}")
+               for i, s in enumerate(sups)]
+    for t in threads:
+        t.start()
+    # Join with a timeout: the main thread must stay able to take the signals.
+    while any(t.is_alive() for t in threads):
+        for t in threads:
+            t.join(0.2)
+    return next((c for c in codes if c), 0)

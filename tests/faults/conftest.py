@@ -39,19 +39,23 @@ from tests.helpers import log_lines, tally  # noqa: E402,F401  (the fault tests 
 def rundurable(tmp_path):
     """start(*args, db=None, prefix=(), **GEN_DURABLE keys) → a `rundurable` child (killed at teardown).
 
-    `db` is merged over the test database's settings (HOST, PORT, NAME, USER, OPTIONS):
+    `db` is merged over the test database's settings (HOST, PORT, NAME, USER, OPTIONS),
+    `other_db` over the "other" alias's:
     the worker then reaches it through a proxy, a pooler or another cluster. Its log
     (verbosity 1) is in `proc.log_path`. `prefix` goes before the command (`ip netns exec
     NAME`: the worker runs on another "host", tests/faults/cluster.py `Hosts`).
     """
     procs = []
 
-    def start(*args, db=None, prefix=(), **gen_durable):
+    def start(*args, db=None, other_db=None, prefix=(), **gen_durable):
         env = dict(os.environ, DJANGO_SETTINGS_MODULE="tests.settings",
                    GEN_DURABLE_TEST_DB_NAME=connection.settings_dict["NAME"])
         env.pop("GEN_DURABLE_TEST_DB_OVERRIDE", None)
+        env.pop("GEN_DURABLE_TEST_OTHER_DB_OVERRIDE", None)
         if db:
             env["GEN_DURABLE_TEST_DB_OVERRIDE"] = json.dumps(db)
+        if other_db:  # the "other" alias's settings (tests/settings.py), as `db` for "default"
+            env["GEN_DURABLE_TEST_OTHER_DB_OVERRIDE"] = json.dumps(other_db)
         if gen_durable:
             env["GEN_DURABLE_TEST_SETTINGS"] = json.dumps(gen_durable)
         path = tmp_path / f"worker-{len(procs)}.log"
@@ -70,12 +74,15 @@ def rundurable(tmp_path):
             proc.wait()
 
 
-def manage(*args, db=None, timeout=120):
-    """Run a management command against `db` (merged over the test settings); return stdout."""
+def manage(*args, db=None, other_db=None, timeout=120):
+    """Run a management command against `db` (merged over the test settings; `other_db`
+    over the "other" alias's); return stdout."""
     env = dict(os.environ, DJANGO_SETTINGS_MODULE="tests.settings",
                GEN_DURABLE_TEST_DB_NAME=connection.settings_dict["NAME"])
     if db:
         env["GEN_DURABLE_TEST_DB_OVERRIDE"] = json.dumps(db)
+    if other_db:
+        env["GEN_DURABLE_TEST_OTHER_DB_OVERRIDE"] = json.dumps(other_db)
     done = subprocess.run(MANAGE + list(args), cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     return done.stdout

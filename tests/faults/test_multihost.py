@@ -145,3 +145,117 @@ def test_hosts_leave_nothing_behind_even_when_creating_them_fails():
     with pytest.raises(subprocess.CalledProcessError):
         broken.create()
     assert broken.leftovers() == []  # the bridge, host 0 and the squatter are gone
+
+
+# --- two hosts, two databases ------------------------------------------------------------------
+
+DBS = {"default": "gd_multihost_a", "other": "gd_multihost_b"}
+DBLOG = """CREATE TABLE gd_test_dblog (
+    run bigserial PRIMARY KEY, db text NOT NULL, id bigint NOT NULL, host inet, pid int NOT NULL,
+    started_at timestamptz NOT NULL, ended_at timestamptz)"""
+DB_OVERLAPS = OVERLAPS.replace("gd_test_steplog", "gd_test_dblog").replace("b.id = a.id", "b.db = a.db AND b.id = a.id")
+DB_JOBS = 1500
+
+
+@pytest.fixture
+def two_host_cluster():
+    """(Hosts, OwnCluster): two namespaces and a cluster on their bridge."""
+    reason = namespaces_unavailable()
+    if reason:
+        pytest.skip(f"no network namespaces on this machine: {reason}")
+    if not (PG_BIN / "initdb").exists():
+        pytest.skip(f"no Postgres binaries in {PG_BIN}")
+    hosts = Hosts(2).create()
+    cluster = None
+    try:
+        cluster = OwnCluster(listen=[hosts.server], trust=[str(hosts.subnet)], max_connections=150).start()
+        yield hosts, cluster
+    finally:
+        if cluster is not None:
+            cluster.destroy()
+        hosts.destroy()
+    assert hosts.leftovers() == []
+
+
+def test_two_hosts_serve_two_databases_each_row_once_and_in_its_own_database(two_host_cluster, rundurable):
+    """`rundurable --database default --database other` on two hosts, each alias its own
+    database: every job of each database runs exactly once, never twice at once, and
+    every row stays in the database it was inserted in; both hosts work on both."""
+    hosts, cluster = two_host_cluster
+    with cluster.connect() as c:
+        for name in DBS.values():
+            c.execute(f"CREATE DATABASE {name}")
+    default, other = (cluster.db_override(DBS["default"]), cluster.db_override(DBS["other"]))
+    manage("migrate", "-v", "0", db=default, other_db=other)
+    manage("migrate", "--database", "other", "-v", "0", db=default, other_db=other)
+    with cluster.connect(DBS["default"]) as c:
+        c.execute(DBLOG)
+    procs = [rundurable("--database", "default", "--database", "other", "--queue", "default=6", "--verbosity", "1",
+                        prefix=hosts.exec_prefix(i), db=cluster.db_override(DBS["default"], host=hosts.server),
+                        other_db=cluster.db_override(DBS["other"], host=hosts.server),
+                        LEASE_TTL=30, HEARTBEAT_INTERVAL=5)
+             for i in range(2)]
+
+    def feeders():
+        found = set()
+        for alias, name in DBS.items():
+            with cluster.connect(name) as c:
+                found |= {(alias, str(r[0])) for r in c.execute(
+                    "SELECT DISTINCT client_addr FROM pg_stat_activity "
+                    "WHERE application_name LIKE 'gen_durable feeder%%' AND datname = current_database()")}
+        return found
+
+    wanted = {(alias, addr) for alias in DBS for addr in hosts.addresses}
+    wait_until(lambda: feeders() == wanted or any(p.poll() is not None for p in procs), timeout=90,
+               what="a worker on every host for each database")
+    assert all(p.poll() is None for p in procs), [p.log_path.read_text()[-2000:] for p in procs]
+    for alias, name in DBS.items():
+        with cluster.connect(name) as c:
+            c.execute("INSERT INTO gen_durable (fsm, step, state, queue) SELECT 'tests.DbLogged', 'start', "
+                      "jsonb_build_object('sleep', 0.002, 'db', %s::text), 'default' FROM generate_series(1, %s)",
+                      [alias, DB_JOBS])
+
+    def all_done():
+        for name in DBS.values():
+            with cluster.connect(name) as c:
+                if c.execute("SELECT count(*) FROM gen_durable WHERE status = 'done'").fetchone()[0] != DB_JOBS:
+                    return False
+        return True
+
+    wait_until(all_done, timeout=150, interval=0.3, what=f"{DB_JOBS} jobs done in each database")
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    for p in procs:
+        assert p.wait(30) == 0, p.log_path.read_text()[-3000:]
+
+    ids = {}
+    for alias, name in DBS.items():
+        with cluster.connect(name) as c:
+            # Every row is where it was inserted: all done, all labelled with this database.
+            assert c.execute("SELECT status::text, state->>'db', count(*) FROM gen_durable GROUP BY 1, 2").fetchall() \
+                == [("done", alias, DB_JOBS)]
+            ids[alias] = {r[0] for r in c.execute("SELECT id FROM gen_durable").fetchall()}
+    with cluster.connect(DBS["default"]) as c:
+        runs = c.execute("SELECT db, id, count(*) FROM gd_test_dblog GROUP BY 1, 2").fetchall()
+        assert {(db, id_) for db, id_, _ in runs} == {(a, i) for a in DBS for i in ids[a]}
+        assert {n for _, _, n in runs} == {1}, [r for r in runs if r[2] != 1][:10]
+        assert c.execute("SELECT count(*) FROM gd_test_dblog WHERE ended_at IS NULL").fetchone()[0] == 0
+        assert c.execute(DB_OVERLAPS).fetchall() == []
+        per = {(db, str(h)): n for db, h, n in c.execute(
+            "SELECT db, host, count(*) FROM gd_test_dblog GROUP BY 1, 2").fetchall()}
+    assert set(per) == wanted, per  # both hosts ran jobs of both databases
+
+
+def test_the_two_database_overlap_detector_tells_databases_apart(db):
+    """Negative control for DB_OVERLAPS: equal ids in two databases running at once are
+    not an overlap; two runs of one id in one database are."""
+    with connection.cursor() as cur:
+        cur.execute(DBLOG.replace("CREATE TABLE", "CREATE TEMP TABLE"))
+        cur.execute("""INSERT INTO gd_test_dblog (db, id, host, pid, started_at, ended_at) VALUES
+            ('default', 1, '10.0.0.10', 1, '2026-01-01 00:00:00.000Z', '2026-01-01 00:00:00.010Z'),
+            ('other',   1, '10.0.0.11', 2, '2026-01-01 00:00:00.005Z', '2026-01-01 00:00:00.015Z'),
+            ('other',   2, '10.0.0.10', 1, '2026-01-01 00:00:00.000Z', '2026-01-01 00:00:00.010Z'),
+            ('other',   2, '10.0.0.11', 2, '2026-01-01 00:00:00.005Z', '2026-01-01 00:00:00.015Z')""")
+        cur.execute(DB_OVERLAPS)
+        assert [r[0] for r in cur.fetchall()] == [2]
+        cur.execute("DROP TABLE gd_test_dblog")

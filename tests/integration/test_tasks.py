@@ -483,5 +483,5 @@ def test_manage_py_check_reports_a_misspelt_option_as_e060_without_a_traceback(t
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert ("(gen_durable.E060) TASKS['default']['OPTIONS'] has unknown keys ['MAX_ATTEMPT']; "
-            "valid: ['BACKOFF', 'MAX_ATTEMPTS']") in proc.stderr
+            "valid: ['BACKOFF', 'DATABASE', 'MAX_ATTEMPTS']") in proc.stderr
     assert proc.stderr.count("gen_durable.E060") == 1

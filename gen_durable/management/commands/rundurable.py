@@ -106,6 +106,10 @@ class Command(BaseCommand):
                             help="Exit 0 once no row of these queues is runnable or executing (rows parked on "
                                  "a signal or children, and rows naming a rate limit RATE_LIMITS lacks, "
                                  "are left; the latter are named on exit).")
+        parser.add_argument("--database", action="append", dest="database", default=None, metavar="ALIAS",
+                            help="Database alias to serve (repeatable: one process serves each named "
+                                 "database, with its own schedulers, leases, timers, GC, listener and "
+                                 "limits); default: GEN_DURABLE['DATABASE'].")
         parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
         # pids of dead predecessors of a restarted child, whose claims it takes back at once
         parser.add_argument("--predecessors", default="", help=argparse.SUPPRESS)
@@ -116,35 +120,65 @@ class Command(BaseCommand):
         """Wait for the database (capped back-off, one log line per attempt), then run the
         system and migration checks and the workers as usual."""
         _configure_logging(options.get("verbosity", 1))
-        wait_for_database(get_settings().DATABASE)
+        for alias in self._aliases(options.get("database")):
+            wait_for_database(alias)
         return super().execute(*args, **options)
 
+    @staticmethod
+    def _aliases(database) -> list[str]:
+        """The --database aliases (default: GEN_DURABLE['DATABASE']), each once, in order;
+        CommandError for one DATABASES lacks."""
+        from django.db import connections
+
+        aliases = list(dict.fromkeys(database or [get_settings().DATABASE]))
+        unknown = [a for a in aliases if a not in connections.settings]
+        if unknown:
+            raise CommandError(f"--database {', '.join(map(repr, unknown))}: not in DATABASES "
+                               f"(aliases: {sorted(connections.settings)})")
+        return aliases
+
     def handle(self, *, queue, processes, no_reaper, no_gc, burst, child, predecessors, parent, verbosity,
-               **options):
+               database, **options):
         _configure_logging(verbosity)
         settings = get_settings()
+        aliases = self._aliases(database)
         queues = dict(settings.QUEUES)
         if queue:
             queues = {name: (n or settings.QUEUES.get(name) or 10) for name, n in queue}
         if child is None:
-            self._require_migrations(settings.DATABASE)
+            for alias in aliases:
+                self._require_migrations(alias)
+            self._note_unserved_routes(aliases)
         if queue and child is None:
-            self._check_queues([name for name, _ in queue], burst)
+            self._check_queues([name for name, _ in queue], burst, aliases)
         if child is None:
-            self._check_connection_budget(queues, processes, reaper=not no_reaper, gc=not no_gc)
+            self._check_connection_budget(queues, processes, aliases, reaper=not no_reaper, gc=not no_gc)
         if processes > 1 and child is None:
             return self._supervise(processes)
-        from gen_durable.worker.supervisor import Supervisor, WorkerConfig
+        from gen_durable.worker.supervisor import Supervisor, WorkerConfig, run_several
 
         # The reaper runs in every process: the others' rows depend on it, and a process
         # can die. GC (nobody waits on it) runs in the first, which is restarted if it dies.
         first = child in (None, 0)
-        config = WorkerConfig(queues=queues, reaper=not no_reaper, gc=not no_gc and first, burst=burst,
-                              parent_pid=parent,
-                              predecessors=tuple(int(p) for p in predecessors.split(",") if p))
-        code = Supervisor(config).run()
+        configs = [WorkerConfig(queues=queues, reaper=not no_reaper, gc=not no_gc and first, burst=burst,
+                                parent_pid=parent, using=alias,
+                                predecessors=tuple(int(p) for p in predecessors.split(",") if p))
+                   for alias in aliases]
+        code = Supervisor(configs[0]).run() if len(configs) == 1 else run_several(configs)
         if code:
             raise CommandError(f"worker exited with {code}")
+
+    def _note_unserved_routes(self, aliases):
+        """Log the databases GEN_DURABLE['DATABASES'] routes to that this host does not
+        serve: their rows wait for a `rundurable --database ALIAS` elsewhere."""
+        routes = get_settings().DATABASES if isinstance(get_settings().DATABASES, dict) else {}
+        routed = {alias for section in ("MACHINES", "QUEUES") if isinstance(routes.get(section), dict)
+                  for alias in routes[section].values() if isinstance(alias, str)}
+        unserved = sorted(routed - set(aliases))
+        if unserved:
+            logging.getLogger("gen_durable.worker").info(
+                "GEN_DURABLE['DATABASES'] routes work to %s, which this host does not serve (serving %s); "
+                "run `rundurable --database ALIAS` for each somewhere", ", ".join(unserved), ", ".join(aliases))
 
     def _require_migrations(self, alias: str):
         """Refuse to start while gen_durable's own migrations are unapplied: every pick,
@@ -160,7 +194,7 @@ class Command(BaseCommand):
             raise CommandError(f"gen_durable's migrations are not applied on database {alias!r} "
                                f"({', '.join(pending)}): run `python manage.py migrate` first")
 
-    def _check_queues(self, names, burst: bool):
+    def _check_queues(self, names, burst: bool, aliases=(None,)):
         """Warn about a --queue that nothing uses (a typo runs an idle worker); refuse it
         with --burst, which would otherwise exit 0 as if the work were done."""
         from gen_durable import db, registry
@@ -171,8 +205,8 @@ class Command(BaseCommand):
             if name in declared:
                 continue
             # One probe of the pick index: rows inserted with queue= still count.
-            runnable = db.fetchone("SELECT EXISTS (SELECT 1 FROM gen_durable WHERE queue = %(q)s "
-                                   "AND status = 'runnable')", {"q": name})[0]
+            runnable = any(db.fetchone("SELECT EXISTS (SELECT 1 FROM gen_durable WHERE queue = %(q)s "
+                                       "AND status = 'runnable')", {"q": name}, alias)[0] for alias in aliases)
             if not runnable:
                 unused.append(name)
         if not unused:
@@ -193,23 +227,40 @@ class Command(BaseCommand):
             raise CommandError(message + "; refusing --burst, which would exit 0 with nothing done")
         self.stderr.write(f"Warning: {message}")
 
-    def _check_connection_budget(self, queues, processes, *, reaper, gc):
-        """Log the host's connection need; refuse one the server's max_connections cannot hold."""
+    def _check_connection_budget(self, queues, processes, aliases=(None,), *, reaper, gc):
+        """Log the host's connection need; refuse one a server's max_connections cannot hold.
+
+        Counted per server (HOST, PORT): aliases on one server share its max_connections,
+        so their needs add up there."""
         from django.db import DatabaseError
 
         from gen_durable import db
         from gen_durable.worker.connections import ConnectionBudgetError, check_budget, connection_need
 
-        need = connection_need(queues, processes=processes, reaper=reaper, gc=gc)
+        servers: dict = {}
+        for alias in aliases:
+            where = db.connection(alias).settings_dict
+            servers.setdefault((where.get("HOST") or "", str(where.get("PORT") or "")), []).append(alias)
         log = logging.getLogger("gen_durable.worker")
-        try:
-            log.info(check_budget(need))
-        except ConnectionBudgetError as exc:
-            raise CommandError(str(exc)) from None
-        except DatabaseError as exc:  # the database is not reachable yet: the worker's start-up deals with it
-            log.warning("could not read the server's max_connections (%s); connection need: %d", exc, need["total"])
-        finally:
-            db.connection().close()
+        for on_server in servers.values():
+            need = connection_need(queues, processes=processes, reaper=reaper, gc=gc)
+            if len(on_server) > 1:  # each alias runs the whole set of roles on its own connections
+                need = dict(need, processes=need["processes"] * len(on_server),
+                            maintenance=need["maintenance"] * len(on_server), total=need["total"] * len(on_server))
+            try:
+                line = check_budget(need, on_server[0])
+                log.info(line if len(on_server) == 1 else f"{line} [databases {', '.join(on_server)}, one server]")
+            except ConnectionBudgetError as exc:
+                if len(on_server) > 1:
+                    raise CommandError(f"{exc} (databases {', '.join(on_server)} share one server: their "
+                                       "connections add up)") from None
+                raise CommandError(str(exc)) from None
+            except DatabaseError as exc:  # not reachable yet: the worker's start-up deals with it
+                log.warning("could not read the server's max_connections (%s); connection need: %d", exc,
+                            need["total"])
+            finally:
+                for alias in on_server:
+                    db.connection(alias).close()
 
     def _supervise(self, processes: int):
         """Run `processes` children and keep them running until SIGTERM/SIGINT.
