@@ -42,25 +42,31 @@ WHERE tstzrange(a.started_at, coalesce(a.ended_at, 'infinity'), '[]')
 ORDER BY 1, 2, 3"""
 
 
-@pytest.fixture
-def multihost():
-    """(Hosts, OwnCluster): three namespaces and a cluster listening on their bridge;
-    both removed at teardown, also when the test fails."""
+def namespaced_cluster(n_hosts: int, max_connections: int):
+    """Yield (Hosts, OwnCluster): `n_hosts` namespaces and a cluster listening on their
+    bridge; both removed at teardown, also when the test fails."""
     reason = namespaces_unavailable()
     if reason:
         pytest.skip(f"no network namespaces on this machine: {reason}")
     if not (PG_BIN / "initdb").exists():
         pytest.skip(f"no Postgres binaries in {PG_BIN}")
-    hosts = Hosts(HOSTS).create()
+    hosts = Hosts(n_hosts).create()
     cluster = None
     try:
-        cluster = OwnCluster(listen=[hosts.server], trust=[str(hosts.subnet)], max_connections=100).start()
+        cluster = OwnCluster(listen=[hosts.server], trust=[str(hosts.subnet)],
+                             max_connections=max_connections).start()
         yield hosts, cluster
     finally:
         if cluster is not None:
             cluster.destroy()
         hosts.destroy()
     assert hosts.leftovers() == []
+
+
+@pytest.fixture
+def multihost():
+    """(Hosts, OwnCluster): three namespaces and a cluster on their bridge."""
+    yield from namespaced_cluster(HOSTS, 100)
 
 
 def feeders_by_host(cluster):
@@ -160,21 +166,7 @@ DB_JOBS = 1500
 @pytest.fixture
 def two_host_cluster():
     """(Hosts, OwnCluster): two namespaces and a cluster on their bridge."""
-    reason = namespaces_unavailable()
-    if reason:
-        pytest.skip(f"no network namespaces on this machine: {reason}")
-    if not (PG_BIN / "initdb").exists():
-        pytest.skip(f"no Postgres binaries in {PG_BIN}")
-    hosts = Hosts(2).create()
-    cluster = None
-    try:
-        cluster = OwnCluster(listen=[hosts.server], trust=[str(hosts.subnet)], max_connections=150).start()
-        yield hosts, cluster
-    finally:
-        if cluster is not None:
-            cluster.destroy()
-        hosts.destroy()
-    assert hosts.leftovers() == []
+    yield from namespaced_cluster(2, 150)
 
 
 def test_two_hosts_serve_two_databases_each_row_once_and_in_its_own_database(two_host_cluster, rundurable):
