@@ -29,7 +29,7 @@ DEFAULTS: dict[str, Any] = {
     "NOTIFY": "postgres",
     "PREFETCH": 0,
     "MIN_DEMAND": 1,
-    "FLUSH": {"MAX_BATCH": 100, "MAX_DELAY": 0.005},
+    "FLUSH": {"MAX_BATCH": 100, "MAX_DELAY": 0.005, "MAX_BYTES": 8 * 1024 * 1024},
     "REAPER": {"INTERVAL": 30},
     "GC": {"INTERVAL": 60, "RETENTION": 86400, "BATCH": 10000},
     "DRAIN_TIMEOUT": 5,

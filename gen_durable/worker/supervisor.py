@@ -115,6 +115,7 @@ class Supervisor:
         self.limiter = get_limiter(self.using)
         self.token = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.flusher = Flusher(using=self.using, max_batch=self.s.FLUSH["MAX_BATCH"],
+                               max_bytes=self.s.FLUSH["MAX_BYTES"],
                                max_delay=self.s.FLUSH["MAX_DELAY"], limiter=self.limiter,
                                on_commit=self._on_commit, on_failure=self._on_failure,
                                young=lambda window: any(s.young(window) for s in self.schedulers.values()))
