@@ -195,6 +195,18 @@ def is_connection_error(exc: BaseException) -> bool:
 TRANSIENT_SQLSTATES = frozenset({"40001", "40P01", "55P03", "57014", "26000", "42P05"})
 
 
+def is_key_conflict(exc: BaseException) -> bool:
+    """True for a unique violation (23505) on the correlation guard: another row holds
+    the key in a status this row's move would reserve it in."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if getattr(exc, "sqlstate", None) == "23505":
+            diag = getattr(exc, "diag", None)
+            return getattr(diag, "constraint_name", None) == "gen_durable_correlation"
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
 def is_lock_timeout(exc: BaseException) -> bool:
     """True for lock_timeout (55P03): a row stayed locked by another session too long."""
     return _sqlstate(exc) == "55P03"

@@ -487,10 +487,13 @@ def to_entry(outcome, cls, job: Claimed, *, consumed, presented, inline=False) -
                      delay=outcome.delay, **base)
     if isinstance(outcome, Await):
         _check_step(cls, outcome.next, outcome)
+        # consume: the handed signals are deleted with the park (flush.sql's consume
+        # rider), so none is left to present again.
         return Entry(kind="await", step=outcome.next, state=_state(outcome.state, cls, job),
                      awaits=encode(list(outcome.names), "await names"),
                      timeout=outcome.timeout,
-                     presented=presented, **base)
+                     presented=() if outcome.consume else presented,
+                     consumed=consumed if outcome.consume else (), **base)
     if isinstance(outcome, ScheduleChildren):
         _check_step(cls, outcome.next, outcome)
         children = [build_row(c.machine, **c.kwargs) for c in outcome.children]

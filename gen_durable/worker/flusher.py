@@ -500,6 +500,17 @@ class Flusher:
             return self._fail(batch, exc, reconnect=False)
         if entry.kind == "stop" and entry.error and entry.error.startswith(UNSTORABLE):
             return self._fail(batch, exc, reconnect=False)
+        if db.is_key_conflict(exc):
+            # The move (a Retry or Next back to runnable, a park…) would reserve a
+            # correlation key another row holds now: not the outcome's fault, and failing
+            # the instance would lose its work. It waits, held and heartbeated, retried
+            # every DEFER_DELAY for up to a lease; after that its lease lapses and the
+            # reaper, which skips a row whose key is taken, returns it once the key is free.
+            logger.warning("outcome %s of %s#%s waits: its correlation key is held by another row (%s); "
+                           "retried every %.1fs", entry.kind, entry.fsm, entry.id, str(exc).strip().splitlines()[0],
+                           DEFER_DELAY)
+            telemetry.emit("flush.key_conflict", {"count": 1}, {"id": entry.id, "fsm": entry.fsm})
+            return self._defer(batch, exc)
         stop = dataclasses.replace(
             entry, kind="stop", step=None, state=None, result=None, awaits=None, timeout=None,
             set_key=False, new_key=None, rate_limit=None, weight=1.0, consumed=(), presented=(),
