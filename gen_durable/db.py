@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from django.db import connections
+from django.db import ProgrammingError, connections
 from django.db.backends.signals import connection_created
 from psycopg.pq import TransactionStatus
 
@@ -52,9 +52,25 @@ def fetchall(sql: str, params=None, using: str | None = None) -> list[tuple]:
 
 
 def _fetchall(sql, params, using):
-    with connection(using).cursor() as cur:
-        cur.execute(sql, params)
-        return cur.fetchall() if cur.description else []
+    try:
+        with connection(using).cursor() as cur:
+            cur.execute(sql, params)
+            return cur.fetchall() if cur.description else []
+    except ProgrammingError as exc:
+        _not_migrated(exc, using)
+        raise
+
+
+# undefined_table, undefined_object (the status type), undefined_column (a later migration)
+_MISSING = {"42P01", "42704", "42703"}
+
+
+def _not_migrated(exc, using):
+    """Raise NotMigrated for an error that says one of our tables, types or columns is missing."""
+    if _sqlstate(exc) in _MISSING and "gen_durable" in str(exc):
+        from .exceptions import NotMigrated
+
+        raise NotMigrated(database_alias(using), str(exc).strip().splitlines()[0]) from exc
 
 
 def fetchone(sql: str, params=None, using: str | None = None):
@@ -71,9 +87,13 @@ def execute(sql: str, params=None, using: str | None = None) -> int:
 
 
 def _execute(sql, params, using):
-    with connection(using).cursor() as cur:
-        cur.execute(sql, params)
-        return cur.rowcount
+    try:
+        with connection(using).cursor() as cur:
+            cur.execute(sql, params)
+            return cur.rowcount
+    except ProgrammingError as exc:
+        _not_migrated(exc, using)
+        raise
 
 
 def _text_element(v) -> str:

@@ -40,6 +40,17 @@ class UnknownMachine(GenDurableError, LookupError):
         )
 
 
+class NotMigrated(GenDurableError, RuntimeError):
+    """gen_durable's tables (or types) are missing in the database: its migrations are not
+    applied. Attributes: `alias` (the database alias). The original ProgrammingError is
+    the `__cause__`."""
+
+    def __init__(self, alias, detail):
+        self.alias = alias
+        super().__init__(f"gen_durable's tables are missing in database {alias!r} ({detail}): run "
+                         f"`python manage.py migrate gen_durable --database {alias}`")
+
+
 class InvalidInput(GenDurableError, ValueError):
     """An argument is out of its documented range (negative delay, naive datetime…)."""
 
