@@ -407,7 +407,7 @@ def connection_retry(error: BaseException, cls, job: Claimed) -> Entry | None:
 def _state(value, cls, job, what="state") -> str | None:
     if value is KEEP:
         return None
-    return encode_state(value, f"{what} of {cls.name}#{job.id}", get_settings().MAX_PAYLOAD_BYTES)
+    return encode_state(value, f"{what} of {cls.name}#{job.id}", get_settings().MAX_PAYLOAD_BYTES, cls.State)
 
 
 def _check_step(cls, name, outcome):

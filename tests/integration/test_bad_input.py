@@ -125,3 +125,14 @@ def test_calls_on_a_database_without_the_migrations_say_to_run_migrate():
         with transaction.atomic():  # a savepoint: the failed statement leaves the test's transaction usable
             gd.insert(Ok)
     assert info.value.alias == "default" and "gen_durable" in str(info.value.__cause__)
+
+
+@pytest.mark.django_db
+def test_insert_refuses_a_set_or_a_non_dict_state_of_an_untyped_machine():
+    with pytest.raises(gd.SerializationError, match="a set does not round-trip"):
+        gd.insert(Ok, state={"tags": {"a", "b"}})
+    with pytest.raises(gd.SerializationError, match="must be a dict"):
+        gd.insert(Ok, state=["a", "b"])
+    with pytest.raises(gd.SerializationError, match="must be a dict"):
+        gd.insert_all([gd.Spec(Ok, state={}), gd.Spec(Ok, state=7)])
+    assert not Instance.objects.filter(fsm=Ok.name).exists()
