@@ -426,6 +426,10 @@ def retry(target, *, using=None) -> int:
     Retries a `failed` instance, wakes one parked `awaiting_signal` (as its Await timeout
     would: `ctx.awaited` holds the matching inbox signals, possibly none), and makes a
     `runnable` one waiting for its retry back-off or schedule eligible now.
+    A failed instance that failed on an Await — cancelled while parked, or failed in the
+    step the Await woke (its timeout fired, or it stopped after the wake) — is parked
+    again on the same signal names (`awaiting_signal`, no deadline) rather than re-run
+    with no signal: the next matching signal resumes it.
     Attempt rule: a failed instance starts a fresh count (`attempt` = 0, so a job gets its
     whole `max_attempts` again); any other keeps its `attempt`. `last_error` is kept.
     A failed child whose parent still waits on its children is counted on the join again.
