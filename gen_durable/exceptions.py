@@ -1,5 +1,7 @@
 """Exceptions raised by the public API (docs/guide.md, docs/design.md#reliability-bars)."""
 
+from django.db import ProgrammingError
+
 
 class GenDurableError(Exception):
     """Base class of every error gen_durable raises on purpose."""
@@ -40,10 +42,10 @@ class UnknownMachine(GenDurableError, LookupError):
         )
 
 
-class NotMigrated(GenDurableError, RuntimeError):
+class NotMigrated(GenDurableError, ProgrammingError):
     """gen_durable's tables (or types) are missing in the database: its migrations are not
-    applied. Attributes: `alias` (the database alias). The original ProgrammingError is
-    the `__cause__`."""
+    applied. Attributes: `alias` (the database alias). A Django ProgrammingError (so code
+    catching DatabaseError still does); the original one is the `__cause__`."""
 
     def __init__(self, alias, detail):
         self.alias = alias
