@@ -489,3 +489,18 @@ def test_manage_py_check_reports_a_misspelt_option_as_e060_without_a_traceback(t
     assert ("(gen_durable.E060) TASKS['default']['OPTIONS'] has unknown keys ['MAX_ATTEMPT']; "
             "valid: ['BACKOFF', 'MAX_ATTEMPTS']") in proc.stderr
     assert proc.stderr.count("gen_durable.E060") == 1
+
+
+def test_a_task_whose_queue_was_removed_is_a_check_error_not_a_traceback():
+    """On main every manage.py command died with a 40-line traceback out of apps.ready."""
+    import json
+    import subprocess
+
+    from tests.integration.test_rundurable import MANAGE, ROOT, child_env
+
+    env = dict(child_env(), GEN_DURABLE_TEST_SETTINGS=json.dumps({"QUEUES": {"other": 1}}))
+    done = subprocess.run(MANAGE + ["check"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert "(gen_durable.E100) tests.durable_app.tasks could not be imported: Task tests.durable_app.tasks." \
+        in done.stderr and "queue 'default' is not in GEN_DURABLE['QUEUES']" in done.stderr, done.stderr[-3000:]
