@@ -397,7 +397,18 @@ class Supervisor:
         # The main thread's connection (registry, burst idle checks, the shutdown's
         # release / hand-back / unregister) gets what every role's has: keepalives,
         # tcp_user_timeout, server-side timeouts and the watchdog.
+        main = db.connection(self.using)
+        own_settings = main.settings_dict
         connections.bind("main", self.using, tag=self.token)
+        try:
+            return self._run()
+        finally:
+            # A caller in-process (call_command) gets its thread's connection back as it was.
+            main.close()
+            main.settings_dict = own_settings
+            connections.unbind()
+
+    def _run(self) -> int:
         self.start()
         last = time.monotonic()
         done_before = {q: 0 for q in self.schedulers}
@@ -437,7 +448,6 @@ class Supervisor:
         guard = ShutdownGuard(deadline, self.token)
         self.stop(deadline)
         guard.cancel()
-        db.connection(self.using).close()
         return code
 
     def dead_threads(self) -> list[str]:
