@@ -13,6 +13,7 @@ from .exceptions import (
     InvalidInput,
     InvalidOutcome,
     NoTarget,
+    NotMigrated,
     NotRetryable,
     SerializationError,
     StepTimeout,
@@ -26,7 +27,7 @@ from .producer import Producer, flush_async, insert_async
 
 __all__ = [
     "Await", "Cancel", "Child", "Context", "Done", "DuplicateInstance", "Error", "GenDurableError",
-    "InvalidInput", "InvalidOutcome", "Job", "Machine", "Next", "NoTarget", "NotRetryable", "Retry",
+    "InvalidInput", "InvalidOutcome", "Job", "Machine", "Next", "NoTarget", "NotMigrated", "NotRetryable", "Retry",
     "ScheduleChildren", "SerializationError", "Spec", "StepTimeout", "Stop", "UncommittedInstance", "UnknownMachine",
     "Result", "Snapshot", "aawait_result", "acancel", "aget", "ainsert", "ainsert_all", "asignal",
     "await_result", "cancel", "get", "insert", "insert_all", "job", "signal", "step",

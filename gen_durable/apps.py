@@ -16,11 +16,31 @@ class GenDurableConfig(AppConfig):
         if _tasks_on_gen_durable():
             # Django tasks live in <app>/tasks.py by convention; the worker resolves a
             # task row's function through the registry, which these imports fill.
-            autodiscover_modules("tasks")
+            _import_tasks()
 
         from .otel import install_from_settings
 
         install_from_settings()  # OpenTelemetry, when settings OPENTELEMETRY asks for it
+
+
+def _import_tasks():
+    """autodiscover_modules("tasks"), but a module that raises InvalidTask (a @task whose
+    queue the settings no longer have) is recorded for check E100 instead of stopping
+    every manage.py command with a traceback."""
+    from importlib import import_module
+
+    from django.apps import apps
+    from django.utils.module_loading import module_has_submodule
+
+    from .tasks import IMPORT_ERRORS, InvalidTask
+
+    IMPORT_ERRORS.clear()
+    for app_config in apps.get_app_configs():
+        if module_has_submodule(app_config.module, "tasks"):
+            try:
+                import_module(f"{app_config.name}.tasks")
+            except InvalidTask as exc:
+                IMPORT_ERRORS.append((f"{app_config.name}.tasks", str(exc)))
 
 
 def _tasks_on_gen_durable() -> bool:

@@ -111,7 +111,7 @@ def build_row(machine, *, state=None, args=None, step=None, queue=None, priority
     limit = get_settings().MAX_PAYLOAD_BYTES
     return Row(
         fsm=cls.name, fsm_version=cls.version, step=step,
-        state=encode_state(state, f"state of {cls.name}", limit),
+        state=encode_state(state, f"state of {cls.name}", limit, cls.State),
         queue=queue, priority=priority, at=at, delay=delay,
         concurrency_key=key_string(concurrency_key, "concurrency_key"),
         rate_limit=rate_limit, weight=float(weight),
@@ -240,12 +240,12 @@ def spec_batch(specs) -> Batch:
             index = len(shapes)
             shapes.append(row)
             if key is not None:
-                seen[key] = (index, f"state of {row.fsm}")
+                seen[key] = (index, f"state of {row.fsm}", resolve_machine(spec.machine).State)
             if index and shape is None:
                 shape = [0] * i
             state, correlation_key = row.state, row.correlation_key
         else:
-            index, what = found
+            index, what, state_type = found
             state, correlation_key = kwargs.get("state"), kwargs.get("correlation_key")
             if "args" in kwargs:
                 if state is not None and kwargs["args"] is not None:
@@ -253,7 +253,7 @@ def spec_batch(specs) -> Batch:
                 state = kwargs["args"] if state is None else state
             if correlation_key is not None:
                 text(correlation_key, "correlation_key")
-            state = encode_state(state, what, payload_limit)
+            state = encode_state(state, what, payload_limit, state_type)
         if shape is not None:
             shape.append(index)
         states.append(state)
@@ -441,6 +441,10 @@ def retry(target, *, using=None) -> int:
     Retries a `failed` instance, wakes one parked `awaiting_signal` (as its Await timeout
     would: `ctx.awaited` holds the matching inbox signals, possibly none), and makes a
     `runnable` one waiting for its retry back-off or schedule eligible now.
+    A failed instance that failed on an Await — cancelled while parked, or failed in the
+    step the Await woke (its timeout fired, or it stopped after the wake) — is parked
+    again on the same signal names (`awaiting_signal`, no deadline) rather than re-run
+    with no signal: the next matching signal resumes it.
     Attempt rule: a failed instance starts a fresh count (`attempt` = 0, so a job gets its
     whole `max_attempts` again); any other keeps its `attempt`. `last_error` is kept.
     A failed child whose parent still waits on its children is counted on the join again.

@@ -168,12 +168,13 @@ def _section(value, name, keys, eid, *, may_be_false=True):
             continue
         limit, shown = SECTION_LIMITS.get(k, (None, None))
         zero_ok = k in ("RETENTION", "MAX_DELAY")  # keep nothing / flush without lingering
-        if k in ("BATCH", "MAX_BATCH"):
+        if k in ("BATCH", "MAX_BATCH", "MAX_BYTES"):
             ok = _int(v, minimum=1)
         else:
             ok = (_num(v) if zero_ok else _num(v, positive=True)) and math.isfinite(v) and v <= limit
         if not ok:
-            what = ("a positive integer" if k in ("BATCH", "MAX_BATCH")
+            what = ("a positive integer" + (" (bytes)" if k == "MAX_BYTES" else "")
+                    if k in ("BATCH", "MAX_BATCH", "MAX_BYTES")
                     else f"a number of seconds >= 0 and <= {shown}" if zero_ok
                     else f"a positive number of seconds <= {shown}")
             errors.append(Error(f"GEN_DURABLE['{name}']['{k}'] must be {what}, got {v!r}.",
@@ -189,7 +190,7 @@ def check_sections(app_configs=None, **kwargs):
     if s.FLUSH is False:
         errors.append(Error("GEN_DURABLE['FLUSH'] cannot be False.", hint="Every outcome goes through the flush (docs/design.md#decisions).", id=ID + "E004"))
     else:
-        errors += _section(s.FLUSH, "FLUSH", ("MAX_BATCH", "MAX_DELAY"), "E004", may_be_false=False)
+        errors += _section(s.FLUSH, "FLUSH", ("MAX_BATCH", "MAX_DELAY", "MAX_BYTES"), "E004", may_be_false=False)
     errors += _section(s.REAPER, "REAPER", ("INTERVAL",), "E004")
     errors += _section(s.GC, "GC", ("INTERVAL", "RETENTION", "BATCH"), "E004")
     return errors

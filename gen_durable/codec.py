@@ -41,6 +41,9 @@ class Encoder(DjangoJSONEncoder):
         if callable(dump):
             return dump(mode="json")
         if isinstance(o, (set, frozenset)):
+            if not getattr(_thread, "sets_ok", True):
+                raise TypeError("a set does not round-trip through JSON (it would come back as a list): "
+                                "store a list, or declare the machine's `State` with a set[...] field")
             return sorted(o, key=repr)
         return super().default(o)
 
@@ -151,10 +154,30 @@ def loads(value):
     return json.loads(value) if isinstance(value, (str, bytes)) else value
 
 
-def encode_state(state, what="state", limit=None) -> str:
+def encode_state(state, what="state", limit=None, state_type=None) -> str:
+    """Encode a state; raise SerializationError naming `what`.
+
+    state_type: the machine's `State` (None: untyped). A state is a dict (None: {}) or a
+    dataclass / pydantic instance; anything else would not come back as it went in. A
+    set in it is refused unless the machine declares `State` (or the state is such an
+    instance): the annotations decode a set field back into a set, a plain dict's would
+    come back as a list.
+    """
     if state is None:
         state = {}
-    return encode(state, what, limit)
+    typed_value = (dataclasses.is_dataclass(state) and not isinstance(state, type)) or (
+        callable(getattr(state, "model_dump", None)) and not isinstance(state, type))
+    if not isinstance(state, dict) and not typed_value:
+        shape = f"a dict or a {state_type.__name__}" if state_type is not None else "a dict (a JSON object)"
+        raise SerializationError(f"{what} must be {shape}, got {type(state).__name__} {safe_repr(state)[:80]}"
+                                 + ("" if state_type is not None else
+                                    "; declare `State` on the machine (a dataclass or pydantic model) for a typed one"))
+    before = getattr(_thread, "sets_ok", True)
+    _thread.sets_ok = state_type is not None or typed_value
+    try:
+        return encode(state, what, limit)
+    finally:
+        _thread.sets_ok = before
 
 
 def _is_pydantic(tp) -> bool:

@@ -35,7 +35,7 @@ DEFAULTS: dict[str, Any] = {
     "PREFETCH": None,
     "MIN_DEMAND": None,
     # MAX_BATCH: outcomes per group commit, as many as the adaptive claim-ahead buffers at most.
-    "FLUSH": {"MAX_BATCH": 500, "MAX_DELAY": 0.005},
+    "FLUSH": {"MAX_BATCH": 500, "MAX_DELAY": 0.005, "MAX_BYTES": 8 * 1024 * 1024},
     "REAPER": {"INTERVAL": 30},
     "GC": {"INTERVAL": 60, "RETENTION": 86400, "BATCH": 10000},
     "DRAIN_TIMEOUT": 5,

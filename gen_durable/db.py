@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from django.db import connections
+from django.db import ProgrammingError, connections
 from django.db.backends.signals import connection_created
 from psycopg.pq import TransactionStatus
 
@@ -52,9 +52,25 @@ def fetchall(sql: str, params=None, using: str | None = None) -> list[tuple]:
 
 
 def _fetchall(sql, params, using):
-    with connection(using).cursor() as cur:
-        cur.execute(sql, params)
-        return cur.fetchall() if cur.description else []
+    try:
+        with connection(using).cursor() as cur:
+            cur.execute(sql, params)
+            return cur.fetchall() if cur.description else []
+    except ProgrammingError as exc:
+        _not_migrated(exc, using)
+        raise
+
+
+# undefined_table, undefined_object (the status type), undefined_column (a later migration)
+_MISSING = {"42P01", "42704", "42703"}
+
+
+def _not_migrated(exc, using):
+    """Raise NotMigrated for an error that says one of our tables, types or columns is missing."""
+    if _sqlstate(exc) in _MISSING and "gen_durable" in str(exc):
+        from .exceptions import NotMigrated
+
+        raise NotMigrated(database_alias(using), str(exc).strip().splitlines()[0]) from exc
 
 
 def fetchone(sql: str, params=None, using: str | None = None):
@@ -71,9 +87,13 @@ def execute(sql: str, params=None, using: str | None = None) -> int:
 
 
 def _execute(sql, params, using):
-    with connection(using).cursor() as cur:
-        cur.execute(sql, params)
-        return cur.rowcount
+    try:
+        with connection(using).cursor() as cur:
+            cur.execute(sql, params)
+            return cur.rowcount
+    except ProgrammingError as exc:
+        _not_migrated(exc, using)
+        raise
 
 
 def _text_element(v) -> str:
@@ -193,6 +213,18 @@ def is_connection_error(exc: BaseException) -> bool:
 # Also prepared statements a transaction pooler lost or duplicated (26000, 42P05): the
 # statement is fine, the session it landed on did not have (or already had) its plan.
 TRANSIENT_SQLSTATES = frozenset({"40001", "40P01", "55P03", "57014", "26000", "42P05"})
+
+
+def is_key_conflict(exc: BaseException) -> bool:
+    """True for a unique violation (23505) on the correlation guard: another row holds
+    the key in a status this row's move would reserve it in."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if getattr(exc, "sqlstate", None) == "23505":
+            diag = getattr(exc, "diag", None)
+            return getattr(diag, "constraint_name", None) == "gen_durable_correlation"
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
 
 
 def is_lock_timeout(exc: BaseException) -> bool:

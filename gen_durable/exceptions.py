@@ -1,5 +1,7 @@
 """Exceptions raised by the public API (docs/guide.md, docs/design.md#reliability-bars)."""
 
+from django.db import ProgrammingError
+
 
 class GenDurableError(Exception):
     """Base class of every error gen_durable raises on purpose."""
@@ -38,6 +40,17 @@ class UnknownMachine(GenDurableError, LookupError):
             "imports the durable.py of every app in INSTALLED_APPS, and its tasks.py when settings.TASKS "
             f"uses gen_durable.tasks.GenDurableBackend: is the app in INSTALLED_APPS{old}?"
         )
+
+
+class NotMigrated(GenDurableError, ProgrammingError):
+    """gen_durable's tables (or types) are missing in the database: its migrations are not
+    applied. Attributes: `alias` (the database alias). A Django ProgrammingError (so code
+    catching DatabaseError still does); the original one is the `__cause__`."""
+
+    def __init__(self, alias, detail):
+        self.alias = alias
+        super().__init__(f"gen_durable's tables are missing in database {alias!r} ({detail}): run "
+                         f"`python manage.py migrate gen_durable --database {alias}`")
 
 
 class InvalidInput(GenDurableError, ValueError):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import inspect
 import random
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple
 
@@ -129,6 +129,8 @@ class Machine:
             raise InvalidInput(f"{cls.__qualname__}.max_attempts must be an int >= 1 or None")
         if not isinstance(cls.queue, str) or not cls.queue:
             raise InvalidInput(f"{cls.__qualname__}.queue must be a non-empty string")
+        if cls.__dict__.get("schedule") is not None:
+            cls._check_schedule()
         cls.steps = cls._collect_steps()
         cls.timeouts = cls._collect_timeouts()
         if cls.initial not in cls.steps:
@@ -137,6 +139,30 @@ class Machine:
                 "decorate the first step with @gd.step or set `initial`"
             )
         registry.register(cls)
+
+    @classmethod
+    def _check_schedule(cls):
+        """What a `schedule = {...}` declaration can be told at class creation (the rest —
+        machine, state — is system check E021): a dict, a name that fits, a cron
+        expression that parses. Raises InvalidInput."""
+        from .outcomes import MAX_NAME_LENGTH
+
+        where = f"{cls.__qualname__}.schedule"
+        if not isinstance(cls.schedule, dict):
+            raise InvalidInput(f"{where} must be a dict such as {{'cron': '0 3 * * *'}}, got {cls.schedule!r}")
+        if len(cls.name) > MAX_NAME_LENGTH:
+            raise InvalidInput(f"{where}: the schedule is named after the machine, whose name is "
+                               f"{len(cls.name)} characters long; the limit is {MAX_NAME_LENGTH} "
+                               f"(set a shorter `name`; it starts {cls.name[:40]!r})")
+        from cronsim import CronSim, CronSimError
+
+        cron = cls.schedule.get("cron")
+        if not isinstance(cron, str):
+            raise InvalidInput(f"{where} needs 'cron', a cron expression string such as '0 3 * * *'")
+        try:
+            CronSim(cron, datetime.now(timezone.utc))
+        except (CronSimError, ValueError, IndexError) as exc:
+            raise InvalidInput(f"{where}: bad cron expression {cron!r} ({exc})") from None
 
     @classmethod
     def _collect_steps(cls) -> dict:

@@ -183,14 +183,22 @@ class Await:
     """Park until a signal named in `names` arrives, then run `next` (docs/design.md#signals).
 
     timeout: seconds > 0 or None; on expiry the step runs with ctx.awaited == [].
+    consume: what happens to the signals this step was handed (ctx.awaited) — False (the
+        default): they stay in the inbox, so the step after the next wake is handed them
+        again with the new arrival (its ctx.awaited holds both: handle each once, by
+        signal id); True: deleted with this outcome, as a Next would, so the next wake
+        hands over only what arrived since. Raises InvalidInput for a non-bool.
     """
 
     names: Any
     next: str
     state: Any = KEEP
     timeout: Any = None
+    consume: bool = False
 
     def __post_init__(self):
+        if not isinstance(self.consume, bool):
+            raise InvalidInput(f"Await consume must be True or False, got {self.consume!r}")
         object.__setattr__(self, "names", _names(self.names))
         if not isinstance(self.next, str) or not self.next:
             raise InvalidInput(f"Await needs next=<step name>, got {self.next!r}")

@@ -14,7 +14,8 @@ Exactly one instance per tick across every process and host: the table
 `gen_durable_schedules` holds each schedule's next tick; the worker that fires it locks
 the row (`FOR UPDATE SKIP LOCKED`, only once `next_run_at <= now()`) and advances it in
 the transaction that inserts the instance. The instance's correlation key
-`schedule:<name>:<tick ISO>` is reserved in every status (through done and failed), a
+`schedule:<name>:<tick ISO>` (`tick_key`: a long name is cut and hashed so the key fits)
+is reserved in every status (through done and failed), a
 second, database-enforced guard per tick.
 
 Missed ticks (no worker was running) never fire as a burst: "skip" fires the latest
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import datetime as dt
 import difflib
+import hashlib
 import logging
 import zoneinfo
 from dataclasses import dataclass, field
@@ -45,6 +47,7 @@ from django.db import transaction
 from . import db, registry, sql, telemetry
 from .conf import database_alias, get_settings
 from .exceptions import DuplicateInstance, GenDurableError, UnknownMachine
+from .outcomes import MAX_NAME_LENGTH
 
 logger = logging.getLogger("gen_durable.schedules")
 
@@ -52,6 +55,9 @@ CATCH_UP = ("skip", "latest")
 KEYS = ("cron", "machine", "state", "timezone", "catch_up")
 MISFIRE_GRACE = 60.0  # seconds: with catch_up "skip", a tick older than this is skipped
 MAX_WALK = 10_000     # forward steps over missed ticks before jumping back from now
+# A long name's key keeps this much of it (+ "~" + 16 hex digits); the longest tick
+# stamp (UTC ISO with microseconds, 32 characters) then still fits MAX_NAME_LENGTH.
+KEPT_NAME = MAX_NAME_LENGTH - len("schedule:") - 1 - 16 - 1 - 32
 ALL_STATUSES = ("runnable", "executing", "awaiting_signal", "awaiting_children", "done", "failed")
 
 
@@ -86,7 +92,21 @@ class Schedule:
         return latest, self.next_after(now)
 
     def correlation_key(self, tick: dt.datetime) -> str:
-        return f"schedule:{self.name}:{tick.astimezone(dt.timezone.utc).isoformat()}"
+        return tick_key(self.name, tick)
+
+
+def tick_key(name: str, tick: dt.datetime) -> str:
+    """The per-tick correlation key: `schedule:<name>:<tick, UTC ISO>`, or, when that
+    would exceed MAX_NAME_LENGTH (a name of more than ~210 characters), the name's
+    first KEPT_NAME characters + "~" + 16 hex digits of its SHA-256 in place of the
+    name, so every valid name (at most MAX_NAME_LENGTH) gets a key that fits and
+    stays distinct per schedule and tick."""
+    stamp = tick.astimezone(dt.timezone.utc).isoformat()
+    key = f"schedule:{name}:{stamp}"
+    if len(key) <= MAX_NAME_LENGTH:
+        return key
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return f"schedule:{name[:KEPT_NAME]}~{digest}:{stamp}"
 
 
 def default_timezone() -> str:
@@ -124,6 +144,9 @@ def validate(name, cfg, where: str) -> list[str]:
     """Problems with one declared schedule (empty: valid). Each names the entry."""
     if not isinstance(name, str) or not name:
         return [f"{where}: the schedule name must be a non-empty string"]
+    if len(name) > MAX_NAME_LENGTH:
+        return [f"{where}: the schedule name is {len(name)} characters long; the limit is {MAX_NAME_LENGTH} "
+                f"(it starts {name[:40]!r})"]
     if not isinstance(cfg, dict):
         return [f"{where} must be a dict with 'cron' and 'machine', got {cfg!r}"]
     problems = [f"{where} has an unknown key {k!r} (keys: {', '.join(KEYS)})" for k in cfg if k not in KEYS]

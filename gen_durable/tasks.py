@@ -309,7 +309,7 @@ class GenDurableBackend(BaseTaskBackend):
         super().validate_task(task)
         configured = get_settings().QUEUES
         if task.queue_name not in configured:
-            raise InvalidTask(f"Queue {task.queue_name!r} is not in GEN_DURABLE['QUEUES'] "
+            raise InvalidTask(f"Task {task.module_path}: queue {task.queue_name!r} is not in GEN_DURABLE['QUEUES'] "
                               f"({sorted(configured)}): no gen_durable worker would run it")
         machine_for(task, self.max_attempts)
 
@@ -460,6 +460,21 @@ def enqueue_all(calls) -> list:
         task_enqueued.send(type(backend), task_result=result)
         results.append(result)
     return results
+
+
+# (module, message) of each tasks.py whose import raised InvalidTask (apps.ready): a
+# @task the settings no longer accept (its queue removed) is check gen_durable.E100, not
+# a traceback out of every manage.py command.
+IMPORT_ERRORS: list = []
+
+
+@checks.register
+def check_task_imports(app_configs=None, **kwargs):
+    """E100: a tasks.py stopped at a @task its backend refuses (the rest of it is not loaded)."""
+    return [checks.Error(f"{module} could not be imported: {message}.",
+                         hint="Add the queue to GEN_DURABLE['QUEUES'] and the backend's QUEUES, or change the "
+                              "task's queue_name; tasks defined after it in that module are not loaded.",
+                         id="gen_durable.E100") for module, message in IMPORT_ERRORS]
 
 
 @checks.register

@@ -33,6 +33,7 @@ never breaks the engine. `duration` measurements are seconds (float).
 | inline.continue        | steps (of the chain so far)               | id, fsm, from, to     |
 | inline.yield           | steps                                     | id, fsm, step, reason |
 | flush.retry            | count, delay                              | error                 |
+| flush.key_conflict     | count (1: an outcome waits for a correlation key another row holds) | id, fsm |
 | step.connection_retry  | delay                                     | id, fsm, step         |
 | rate_limit.throttled   | wanted, granted                           | key, queue            |
 | rate_limit.contended   | count                                     | queue                 |
@@ -69,7 +70,7 @@ EVENTS = (
     "scheduler.abandoned", "scheduler.handed_back",
     "concurrency.contended", "concurrency.throttled", "outcome.stale", "reaper.reaped",
     "await.timeout", "step.timeout", "schedule.fired", "schedule.skipped", "gc.swept", "flush.stop", "flush.error",
-    "flush.retry", "step.connection_retry", "inline.continue", "inline.yield",
+    "flush.retry", "flush.key_conflict", "step.connection_retry", "inline.continue", "inline.yield",
     "producer.flush", "producer.error",
     "rate_limit.throttled",
     "rate_limit.contended", "rate_limit.unknown", "limiter.unavailable",

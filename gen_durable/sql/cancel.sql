@@ -1,6 +1,8 @@
 -- cancel: fail a live instance now, with a reason.
 -- Contract: docs/guide.md. Params: id bigint | NULL, key text | NULL, reason text.
 -- A running step's late outcome is dropped by the flush guard (locked_by is cleared).
+-- `awaits` is kept: a row cancelled while parked (or woken from an Await) is parked on
+-- those names again by a later retry (retry.sql).
 -- Like any terminal outcome it clears the inbox and counts off a joining parent
 -- (waking it at zero, with a notification).
 -- Returns the concurrency key, shard and claimant the row held, read under its lock (the latest
@@ -14,7 +16,7 @@ WITH target AS (
 ), upd AS (
     UPDATE gen_durable g
     SET status = 'failed', last_error = %(reason)s::text, locked_by = NULL,
-        lease_expires_at = NULL, concurrency_shard = NULL, awaits = NULL,
+        lease_expires_at = NULL, concurrency_shard = NULL,
         await_deadline = NULL, updated_at = now()
     FROM target t
     WHERE g.id = t.id AND g.status NOT IN ('done', 'failed')

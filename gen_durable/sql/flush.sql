@@ -34,6 +34,8 @@
 -- Notifies `gen_durable_result` once per flush with the ids that settled (done,
 -- failed or parked), so await_result in another process answers at once ('*' when the
 -- list would exceed NOTIFY's 8000-byte payload: every waiter re-reads).
+-- awaits: set by an Await, kept by a Retry and by a Stop (a failed row woken from an Await
+--   keeps the names, so retry.sql parks it on them again); cleared by every other outcome.
 -- Guard: locked_by = worker AND status = 'executing'. A stale outcome matches nothing,
 --   and every rider keys off `upd`, so it consumes, purges and wakes nothing either.
 -- Index: primary key (one point lookup per outcome); signals by id / by target.
@@ -70,7 +72,7 @@ WITH input AS MATERIALIZED (
                                   WHEN 'inline' THEN g.eligible_at
                                   ELSE now() END,
         awaits = CASE i.kind WHEN 'await' THEN ARRAY(SELECT jsonb_array_elements_text(i.awaits::jsonb))
-                             WHEN 'retry' THEN g.awaits END,
+                             WHEN 'retry' THEN g.awaits WHEN 'stop' THEN g.awaits END,
         await_deadline = CASE WHEN i.kind = 'await' AND i.timeout IS NOT NULL
                               THEN now() + make_interval(secs => i.timeout) END,
         concurrency_key = CASE WHEN i.set_key THEN i.new_key ELSE g.concurrency_key END,

@@ -5,10 +5,14 @@
 --   heartbeats, so its leases stay above the margin; only claims not renewed for two
 --   intervals are taken. A dead process's own prefix (`--processes N` restarting a
 --   child that died: its pid is known dead) with a margin past any lease: all of them.
--- The predecessor died holding the row, maybe inside its step: like the reaper, the
---   attempt counts (a step that kills its process reaches max_attempts) and last_error
---   says why; a row that keeps an attempt_log (a Django task) records the lost attempt
---   as LeaseExpired, as reap.sql does. Returns the key and shard each row held, for the
+-- The predecessor died holding the row, maybe inside its step. Which of its running
+--   steps killed it is not known from one crash, so a bystander is not charged: the
+--   attempt counts (a step that kills its process reaches max_attempts) when the row was
+--   the dead worker's only one in this batch, or when its last_error says a worker
+--   already died under this same step (it was running at the crash before too: the
+--   culprit, present at every crash); otherwise attempt stays and last_error says it
+--   was not counted. A counted attempt of a row that keeps an attempt_log (a Django
+--   task) is recorded as LeaseExpired, as reap.sql does. Returns the key and shard each row held, for the
 --   gate-slot credit.
 -- starts_with() is a literal prefix test (LIKE would treat percent signs and underscores in names as patterns).
 -- Index: gen_durable_lease. Locks: id order, SKIP LOCKED.
@@ -33,17 +37,27 @@ WITH stale AS (
     SELECT * FROM (SELECT x.*, row_number() OVER (
                        PARTITION BY CASE WHEN x.entering_key IS NULL THEN 'id:' || x.id
                                          ELSE 'key:' || x.entering_key END
-                       ORDER BY x.id) AS rk
+                       ORDER BY x.id) AS rk,
+                          count(*) OVER (PARTITION BY x.locked_by) AS crowd
                    FROM stale x) y
     WHERE rk = 1
+), charged AS (
+    SELECT s.*, (s.crowd = 1 OR COALESCE(g.last_error, '') LIKE 'the worker died%%during step ' || g.step || ' (%%') AS counted
+    FROM stale_first s JOIN gen_durable g ON g.id = s.id
 )
 UPDATE gen_durable g
 SET status = 'runnable', locked_by = NULL, lease_expires_at = NULL,
-    concurrency_shard = NULL, attempt = g.attempt + 1, eligible_at = now(),
-    last_error = format('the worker died during step %%s (attempt %%s); reclaimed at start-up',
-                        g.step, g.attempt + 1),
+    concurrency_shard = NULL, attempt = g.attempt + stale.counted::int, eligible_at = now(),
+    last_error = CASE WHEN stale.counted THEN
+                     format('the worker died during step %%s (attempt %%s%%s); reclaimed at start-up', g.step,
+                            g.attempt + 1, CASE WHEN stale.crowd > 1 THEN format(
+                                ': it was running at the crash before too, beside %%s other step(s) now',
+                                stale.crowd - 1) ELSE '' END)
+                 ELSE format('the worker died during step %%s (attempt %%s not counted: %%s other step(s) ran '
+                             'beside it, and a crash is charged to a row running at two in a row); '
+                             'reclaimed at start-up', g.step, g.attempt + 1, stale.crowd - 1) END,
     updated_at = now(),
-    attempt_log = CASE WHEN g.attempt_log IS NULL THEN NULL
+    attempt_log = CASE WHEN g.attempt_log IS NULL OR NOT stale.counted THEN g.attempt_log
                        ELSE g.attempt_log || jsonb_build_array(jsonb_build_object(
                             'worker_id', g.locked_by, 'started_at', g.updated_at,
                             'error', jsonb_build_object(
@@ -51,6 +65,6 @@ SET status = 'runnable', locked_by = NULL, lease_expires_at = NULL,
                                 'traceback', 'gen_durable.exceptions.LeaseExpired: ' || g.locked_by
                                     || ' died before the attempt recorded an outcome (reclaimed at '
                                     || 'start-up by a worker on the same host)'))) END
-FROM stale_first stale
+FROM charged stale
 WHERE g.id = stale.id
 RETURNING g.id, stale.concurrency_key, stale.concurrency_shard, stale.locked_by

@@ -6,6 +6,11 @@
 -- whole max_attempts budget again); a live row keeps its attempt. last_error stays
 -- as the record of what went wrong before. A parked row keeps `awaits` (like an
 -- Await timeout: the step sees the matching inbox signals, or none).
+-- A failed row that still has `awaits` — it failed parked on an Await (cancelled) or in
+-- the step that Await woke (its timeout fired, or it stopped after the wake; the inbox
+-- went with the failure) — is parked on those names again, without a deadline, at that
+-- step: the next matching signal resumes it (re-running the step with no signal would
+-- only fail again).
 -- A failed child revived while its parent still waits on its children counts on the
 -- join again (children_pending + 1): it was counted off when it failed.
 -- A failed row whose correlation key another live instance now holds stays failed
@@ -24,7 +29,8 @@ WITH target AS (
                   WHERE x.correlation_guard = t.correlation_key AND x.id <> t.id)
 ), upd AS (
     UPDATE gen_durable g
-    SET status = 'runnable',
+    SET status = CASE WHEN t.status = 'failed' AND g.awaits IS NOT NULL
+                      THEN 'awaiting_signal'::gen_durable_status ELSE 'runnable' END,
         eligible_at = now(),
         attempt = CASE WHEN t.status = 'failed' THEN 0 ELSE g.attempt END,
         await_deadline = NULL,
@@ -36,7 +42,7 @@ WITH target AS (
     WHERE g.id = t.id
       AND t.status IN ('failed', 'awaiting_signal', 'runnable')
       AND NOT EXISTS (SELECT 1 FROM blocked)
-    RETURNING g.id, g.queue, g.parent_id, t.status AS was
+    RETURNING g.id, g.queue, g.parent_id, t.status AS was, g.status AS became
 ), parent AS (
     UPDATE gen_durable p
     SET children_pending = p.children_pending + 1, updated_at = now()
@@ -46,6 +52,6 @@ WITH target AS (
 )
 SELECT t.id, t.status::text, upd.id IS NOT NULL, upd.queue,
        (SELECT count(*) FROM parent),
-       (CASE WHEN upd.id IS NOT NULL THEN pg_notify('gen_durable', upd.queue) END) IS NULL,
+       (CASE WHEN upd.became = 'runnable' THEN pg_notify('gen_durable', upd.queue) END) IS NULL,
        EXISTS (SELECT 1 FROM blocked)
 FROM target t LEFT JOIN upd ON upd.id = t.id

@@ -136,9 +136,15 @@ class Watch:
         self.role = role
         self.relaxed_commit = relaxed_commit
         self.depth = 0
+        # A monotonic instant no statement of this thread may outlive (the shutdown's
+        # deadline, `Supervisor.stop`); None: only the per-statement bound.
+        self.until = None
 
     def bound(self) -> float:
-        return get_settings().STATEMENT_TIMEOUT + WATCHDOG_MARGIN
+        bound = get_settings().STATEMENT_TIMEOUT + WATCHDOG_MARGIN
+        if self.until is not None:
+            bound = min(bound, max(self.until - time.monotonic(), WATCHDOG_TICK))
+        return bound
 
     @contextmanager
     def statement(self, using=None, *, wrap=True):

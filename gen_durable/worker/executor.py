@@ -407,7 +407,7 @@ def connection_retry(error: BaseException, cls, job: Claimed) -> Entry | None:
 def _state(value, cls, job, what="state") -> str | None:
     if value is KEEP:
         return None
-    return encode_state(value, f"{what} of {cls.name}#{job.id}", get_settings().MAX_PAYLOAD_BYTES)
+    return encode_state(value, f"{what} of {cls.name}#{job.id}", get_settings().MAX_PAYLOAD_BYTES, cls.State)
 
 
 def _check_step(cls, name, outcome):
@@ -503,10 +503,13 @@ def to_entry(outcome, cls, job: Claimed, *, consumed, presented, inline=False) -
                      delay=outcome.delay, **base)
     if isinstance(outcome, Await):
         _check_step(cls, outcome.next, outcome)
+        # consume: the handed signals are deleted with the park (flush.sql's consume
+        # rider), so none is left to present again.
         return Entry(kind="await", step=outcome.next, state=_state(outcome.state, cls, job),
                      awaits=encode(list(outcome.names), "await names"),
                      timeout=outcome.timeout,
-                     presented=presented, **base)
+                     presented=() if outcome.consume else presented,
+                     consumed=consumed if outcome.consume else (), **base)
     if isinstance(outcome, ScheduleChildren):
         _check_step(cls, outcome.next, outcome)
         children = [build_row(c.machine, **c.kwargs) for c in outcome.children]

@@ -37,6 +37,23 @@ from . import connections
 logger = logging.getLogger("gen_durable.flusher")
 
 UNSTORABLE = "outcome could not be stored"
+MAX_BYTES = 8 * 1024 * 1024  # FLUSH["MAX_BYTES"]'s default: encoded outcome data per batch
+
+
+def entry_bytes(entry) -> int:
+    """The encoded data an outcome carries into the flush statement: its state, result,
+    error and attempt record, and its children's states (characters of JSON text — bytes
+    for ASCII). The flush's columns and the statement hold each about twice over."""
+    n = 0
+    for name in ("state", "result", "error", "detail"):
+        value = getattr(entry, name, None)
+        if isinstance(value, str):
+            n += len(value)
+    for child in getattr(entry, "children", None) or ():
+        value = getattr(child, "state", None)
+        if isinstance(value, str):
+            n += len(value)
+    return n
 DEFER_DELAY = 0.5  # seconds before an outcome blocked by another session's lock is tried again
 # The rows of a batch nobody else has locked right now (the lock goes at once: autocommit).
 _FREE_ROWS = "SELECT id FROM gen_durable WHERE id = ANY (%(ids)s::bigint[]) ORDER BY id FOR NO KEY UPDATE SKIP LOCKED"
@@ -262,7 +279,7 @@ class Flusher:
     """The group-commit thread of one worker process."""
 
     def __init__(self, *, using=None, max_batch=100, max_delay=0.005, limiter=None, on_commit=None,
-                 on_failure=None, retry_window=None, young=None, clock=time.monotonic):
+                 on_failure=None, retry_window=None, young=None, clock=time.monotonic, max_bytes=MAX_BYTES):
         self.using = using
         self.clock = clock  # the window's clock (monotonic seconds)
         # young(seconds) -> whether a step started less than that long ago is still
@@ -275,6 +292,10 @@ class Flusher:
         self.retries = 0
         self._deferred_since: dict = {}  # id -> monotonic time its outcome was first blocked
         self.max_batch = max_batch
+        # A batch also ends once its outcomes carry max_bytes of encoded data (an outcome
+        # larger than that goes alone): memory stays flat whatever the result size.
+        self.max_bytes = max_bytes
+        self._pending_bytes = 0
         self.max_delay = max_delay
         self.limiter = limiter
         self.on_commit = on_commit  # callback(FlushResult, entries) after each commit, before waking workers
@@ -319,6 +340,7 @@ class Flusher:
             if not self._pending:
                 self._first_at = self.clock()
             self._pending.append((entry, fut))
+            self._pending_bytes += entry_bytes(entry)
             self._cond.notify_all()
         return fut
 
@@ -346,16 +368,23 @@ class Flusher:
             # busy flusher never idles on top.
             deadline = self._first_at + self.max_delay
             held = False
-            while (len(self._pending) < self.max_batch and self._running > 0 and not self._stopping
-                   and self._young()):
+            while (len(self._pending) < self.max_batch and self._pending_bytes < self.max_bytes
+                   and self._running > 0 and not self._stopping and self._young()):
                 left = deadline - self.clock()
                 if left <= 0:
                     break
                 held = True
                 self._cond.wait(left)
             self._held = held
-            batch = self._pending[: self.max_batch]
-            del self._pending[: self.max_batch]
+            n, size = 0, 0
+            for entry, _ in self._pending[: self.max_batch]:
+                weight = entry_bytes(entry)
+                if n and size + weight > self.max_bytes:
+                    break
+                n, size = n + 1, size + weight
+            batch = self._pending[:n]
+            del self._pending[:n]
+            self._pending_bytes -= size
             return batch
 
     def _young(self) -> bool:
@@ -471,6 +500,17 @@ class Flusher:
             return self._fail(batch, exc, reconnect=False)
         if entry.kind == "stop" and entry.error and entry.error.startswith(UNSTORABLE):
             return self._fail(batch, exc, reconnect=False)
+        if db.is_key_conflict(exc):
+            # The move (a Retry or Next back to runnable, a park…) would reserve a
+            # correlation key another row holds now: not the outcome's fault, and failing
+            # the instance would lose its work. It waits, held and heartbeated, retried
+            # every DEFER_DELAY for up to a lease; after that its lease lapses and the
+            # reaper, which skips a row whose key is taken, returns it once the key is free.
+            logger.warning("outcome %s of %s#%s waits: its correlation key is held by another row (%s); "
+                           "retried every %.1fs", entry.kind, entry.fsm, entry.id, str(exc).strip().splitlines()[0],
+                           DEFER_DELAY)
+            telemetry.emit("flush.key_conflict", {"count": 1}, {"id": entry.id, "fsm": entry.fsm})
+            return self._defer(batch, exc)
         stop = dataclasses.replace(
             entry, kind="stop", step=None, state=None, result=None, awaits=None, timeout=None,
             set_key=False, new_key=None, rate_limit=None, weight=1.0, consumed=(), presented=(),
@@ -527,6 +567,7 @@ class Flusher:
             if not self._pending:
                 self._first_at = self.clock()
             self._pending.extend(items)
+            self._pending_bytes += sum(entry_bytes(e) for e, _ in items)
             self._cond.notify_all()
 
     def _fail(self, batch, exc, *, reconnect):

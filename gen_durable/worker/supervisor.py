@@ -26,7 +26,7 @@ from .. import db, registry, schedules, sql
 from ..checks import QUEUE_SAMPLE_CAP, describe_stranded, unserved_queues
 from ..conf import database_alias, get_settings
 from ..limiter import get_limiter, unknown_rate_limits
-from . import aio
+from . import aio, connections
 from .claims import heartbeat
 from .flusher import Flusher
 from .listener import Listener
@@ -36,6 +36,10 @@ from .timers import Timer
 
 logger = logging.getLogger("gen_durable.worker")
 MACHINES_LOGGED = 30  # names in the start-up line; the rest are counted
+# Seconds past DRAIN_TIMEOUT a stopping process may take for the rest of its shutdown
+# (joins, the last flush, hand-back, unregister) before it exits regardless.
+SHUTDOWN_GRACE = 10.0
+ROLES_JOIN = 5.0  # seconds all background roles together get to leave their loops
 
 # Burst mode's "anything left?": a runnable row counts unless it names a rate limit that
 # RATE_LIMITS lacks — such a row is never admitted (the start-up warns of it), and
@@ -64,6 +68,33 @@ class WorkerConfig:
     extra: dict = field(default_factory=dict)
 
 
+class ShutdownGuard:
+    """Ends the process at `deadline` (monotonic) if the shutdown has not returned by then.
+
+    Every statement of the shutdown is bounded, but a reconnect (connect_timeout) and
+    several bounded steps in a row could still add up: this is the bound whatever the
+    network does. Exit code 1; what the shutdown did not finish is recovered by the
+    leases (the rows) and by expiry (the registry row).
+    """
+
+    def __init__(self, deadline: float, token: str):
+        self._done = threading.Event()
+        self.deadline, self.token = deadline, token
+        threading.Thread(target=self._wait, name="gd-shutdown-guard", daemon=True).start()
+
+    def cancel(self):
+        self._done.set()
+
+    def _wait(self):
+        if self._done.wait(max(self.deadline - time.monotonic(), 0)):
+            return
+        logger.error("gen_durable worker %s: shutdown not finished within DRAIN_TIMEOUT + %.0fs (the database "
+                     "does not answer?); exiting now, exit code 1 — rows still leased return when their "
+                     "leases lapse, the registry row expires", self.token, SHUTDOWN_GRACE)
+        logging.shutdown()
+        os._exit(1)
+
+
 def worker_prefix(queue: str) -> str:
     """Host-level prefix of worker ids for `queue` (start-up reclaim matches on it)."""
     return f"{socket.gethostname()}:{queue}:"
@@ -84,6 +115,7 @@ class Supervisor:
         self.limiter = get_limiter(self.using)
         self.token = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.flusher = Flusher(using=self.using, max_batch=self.s.FLUSH["MAX_BATCH"],
+                               max_bytes=self.s.FLUSH["MAX_BYTES"],
                                max_delay=self.s.FLUSH["MAX_DELAY"], limiter=self.limiter,
                                on_commit=self._on_commit, on_failure=self._on_failure,
                                young=lambda window: any(s.young(window) for s in self.schedulers.values()))
@@ -300,28 +332,52 @@ class Supervisor:
     def request_stop(self, *_):
         self._stop.set()
 
-    def stop(self):
+    def stop(self, deadline: float | None = None):
+        """Drain and stop every role; hand back what still runs; leave the registry.
+
+        `deadline` (monotonic; `run()` passes SIGTERM + DRAIN_TIMEOUT + SHUTDOWN_GRACE):
+        the roles are joined and this thread's statements are watched no longer than
+        that, so a database that stopped answering cannot hold the shutdown.
+        """
+        if deadline is None:
+            deadline = time.monotonic() + self.s.DRAIN_TIMEOUT + SHUTDOWN_GRACE
+        watch = db.engine_thread.watch
+        if watch is not None:
+            watch.until = deadline - 1.0  # the last second is the exit's
         for sched in self.schedulers.values():  # stop picking first (docs/design.md#worker)
             sched._stop.set()
             sched._wake.set()
-        for role in self._roles:
-            if role.name != "heartbeat":
-                role.stop()
-        if self.listener:
-            self.listener.stop()
-        results = {q: s.stop(self.s.DRAIN_TIMEOUT) for q, s in self.schedulers.items()}
+        # Tell every background role at once, then wait for them within one budget: a
+        # role stuck in a statement on a silent connection (its watchdog cuts it after
+        # STATEMENT_TIMEOUT + 2 s) must not cost its join timeout once per role.
+        others = [r for r in self._roles if r.name != "heartbeat"] + ([self.listener] if self.listener else [])
+        for role in others:
+            role._stop.set()
+            if role is self.timer:
+                role._poke.set()
+        joined_by = min(time.monotonic() + ROLES_JOIN, deadline)
+        for role in others:
+            role._thread.join(max(joined_by - time.monotonic(), 0))
+        # One drain for every queue (their steps run at once), not DRAIN_TIMEOUT each.
+        drained_by = time.monotonic() + self.s.DRAIN_TIMEOUT
+        results = {q: s.stop(max(drained_by - time.monotonic(), 0)) for q, s in self.schedulers.items()}
         for role in self._roles:
             if role.name == "heartbeat":
-                role.stop()
-        self.flusher.stop(timeout=5)
+                role.stop(timeout=max(min(5, deadline - time.monotonic()), 0))
+        self.flusher.stop(timeout=max(min(5, deadline - time.monotonic()), 0))
         # Steps still running after the drain and the last flush: hand their rows back
         # (runnable now, attempt counted) rather than leave them leased until the reaper.
         for sched in self.schedulers.values():
             sched.abandon_running(self.s.DRAIN_TIMEOUT)
-        try:
-            db.execute(sql.WORKER_UNREGISTER, {"id": self.token}, self.using)
-        except Exception as exc:
-            logger.warning("could not remove worker %s from the registry: %s", self.token, exc)
+        # A row left behind (no time left, or no answer) is harmless: the overview counts
+        # a worker live only while its heartbeat refreshes the row (LEASE_TTL), and the
+        # next worker to register prunes it after 10 × LEASE_TTL.
+        if time.monotonic() < deadline - 1.0:
+            try:
+                db.execute(sql.WORKER_UNREGISTER, {"id": self.token}, self.using)
+            except Exception as exc:
+                logger.warning("could not remove worker %s from the registry (the row expires): %s",
+                               self.token, exc)
         try:
             aio.close_sync_thread_connections()
         except Exception:
@@ -341,6 +397,21 @@ class Supervisor:
         if install_signals:
             signal.signal(signal.SIGTERM, self.request_stop)
             signal.signal(signal.SIGINT, self.request_stop)
+        # The main thread's connection (registry, burst idle checks, the shutdown's
+        # release / hand-back / unregister) gets what every role's has: keepalives,
+        # tcp_user_timeout, server-side timeouts and the watchdog.
+        main = db.connection(self.using)
+        own_settings = main.settings_dict
+        connections.bind("main", self.using, tag=self.token)
+        try:
+            return self._run()
+        finally:
+            # A caller in-process (call_command) gets its thread's connection back as it was.
+            main.close()
+            main.settings_dict = own_settings
+            connections.unbind()
+
+    def _run(self) -> int:
         self.start()
         last = time.monotonic()
         done_before = {q: 0 for q in self.schedulers}
@@ -376,8 +447,10 @@ class Supervisor:
                 except Exception as exc:
                     logger.warning("idle check failed: %s", exc)
                     db.connection(self.using).close()
-        self.stop()
-        db.connection(self.using).close()
+        deadline = time.monotonic() + self.s.DRAIN_TIMEOUT + SHUTDOWN_GRACE
+        guard = ShutdownGuard(deadline, self.token)
+        self.stop(deadline)
+        guard.cancel()
         return code
 
     def dead_threads(self) -> list[str]:

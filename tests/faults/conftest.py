@@ -208,7 +208,9 @@ def _connect(target):
 class BlackholeProxy:
     """Forwards 127.0.0.1:port to the database. `blackhole()` makes every connection open
     at that moment swallow traffic both ways — sockets stay open, nothing flows, no error
-    (a dead NAT entry, a failed-over host) — while new connections work normally."""
+    (a dead NAT entry, a failed-over host) — while new connections work normally;
+    `blackhole(new=True)` swallows the new ones too (accepted, never answered: the whole
+    network path is down)."""
 
     def __init__(self, target):
         self.target = target
@@ -217,6 +219,7 @@ class BlackholeProxy:
         self._lock = threading.Lock()
         self._pairs = []  # [client, upstream, {"dead": bool}]
         self._stop = False
+        self._swallow_new = False
         self.accepted = 0
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -226,6 +229,11 @@ class BlackholeProxy:
                 client, _ = self._server.accept()
             except OSError:
                 return
+            if self._swallow_new:
+                threading.Thread(target=self._drain, args=(client,), daemon=True).start()
+                with self._lock:
+                    self._pairs.append((client, client, {"dead": True}))
+                continue
             try:
                 upstream = _connect(self.target)
             except OSError:
@@ -256,7 +264,18 @@ class BlackholeProxy:
                 except OSError:
                     pass
 
-    def blackhole(self) -> int:
+    @staticmethod
+    def _drain(sock):
+        try:
+            while sock.recv(65536):
+                pass
+        except OSError:
+            pass
+
+    def blackhole(self, new=False) -> int:
+        """Black-hole every open connection (and with `new`, every later one); return how
+        many were open."""
+        self._swallow_new = self._swallow_new or new
         with self._lock:
             live = [p for p in self._pairs if not p[2]["dead"]]
             for _, _, state in live:
@@ -269,6 +288,10 @@ class BlackholeProxy:
         with self._lock:
             for client, upstream, _ in self._pairs:
                 for s in (client, upstream):
+                    try:  # shutdown first: a pump blocked in recv() keeps a merely closed socket open
+                        s.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
                     try:
                         s.close()
                     except OSError:

@@ -95,19 +95,22 @@ def test_a_killed_child_is_restarted_and_its_claims_come_back_at_once(committed,
     victim = int(lines(log, "start")[0][4])
     victims = {int(f[0]) for f in lines(log, "start") if int(f[4]) == victim}
     os.kill(victim, signal.SIGKILL)
-    wait_until(lambda: set(Instance.objects.filter(id__in=victims).values_list("status", flat=True)) == {"done"},
-               timeout=45, what="the dead child's rows done")
     # Taken back by the restarted child's start-up reclaim, not by a reaper after the lease:
-    # the reclaim's own record is on every row.
-    assert {"reclaimed at start-up" in (r or "") for r in
-            Instance.objects.filter(id__in=victims).values_list("last_error", flat=True)} == {True}
+    # the reclaim's own record is on every row, and they run again.
+    wait_until(lambda: all("reclaimed at start-up" in (r or "") for r in
+                           Instance.objects.filter(id__in=victims).values_list("last_error", flat=True)),
+               timeout=45, what="the dead child's rows reclaimed")
+    wait_until(lambda: len([f for f in lines(log, "start") if int(f[0]) in victims]) == 2 * len(victims),
+               timeout=30, what="the dead child's rows running again")
     assert proc.poll() is None and len(children_of(proc.pid)) == 2
     text = proc.log_path.read_text()
     assert f"worker process {victim} (child" in text and "was killed by signal 9; restarting it in 1s" in text
     assert "reclaimed" in text
     for r in Instance.objects.filter(id__in=victims):
-        assert (r.attempt, r.result) == (1, {"attempt": 1})
-        assert "the worker died during step perform (attempt 1)" in r.last_error
+        if len(victims) == 1:  # the dead child's only row: it is charged
+            assert r.attempt == 1 and "the worker died during step perform (attempt 1)" in r.last_error
+        else:  # several were running: none is known to have killed it (a kill -9 from outside)
+            assert r.attempt == 0 and "(attempt 1 not counted:" in r.last_error
 
 
 def test_children_drain_and_exit_when_their_parent_is_killed(committed, host, queue_name, tmp_path):

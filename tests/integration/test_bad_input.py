@@ -4,6 +4,7 @@ store, exits raised by steps, and a poisoned outcome inside a group-commit batch
 import enum
 
 import pytest
+from django.db import transaction
 
 import gen_durable as gd
 from gen_durable.models import Instance
@@ -111,3 +112,27 @@ def test_cancel_reason_none_reads_cancelled():
     id_ = gd.insert(Ok)
     gd.cancel(id_, None)
     assert Instance.objects.get(id=id_).last_error == "cancelled"
+
+
+@pytest.mark.django_db
+def test_calls_on_a_database_without_the_migrations_say_to_run_migrate():
+    """On main: a raw ProgrammingError ('relation "gen_durable" does not exist')."""
+    from django.db import connection
+
+    with connection.cursor() as cur:  # a schema without our tables, for this transaction only
+        cur.execute("CREATE SCHEMA gd_unmigrated; SET LOCAL search_path TO gd_unmigrated")
+    with pytest.raises(gd.NotMigrated, match=r"run `python manage.py migrate gen_durable --database default`") as info:
+        with transaction.atomic():  # a savepoint: the failed statement leaves the test's transaction usable
+            gd.insert(Ok)
+    assert info.value.alias == "default" and "gen_durable" in str(info.value.__cause__)
+
+
+@pytest.mark.django_db
+def test_insert_refuses_a_set_or_a_non_dict_state_of_an_untyped_machine():
+    with pytest.raises(gd.SerializationError, match="a set does not round-trip"):
+        gd.insert(Ok, state={"tags": {"a", "b"}})
+    with pytest.raises(gd.SerializationError, match="must be a dict"):
+        gd.insert(Ok, state=["a", "b"])
+    with pytest.raises(gd.SerializationError, match="must be a dict"):
+        gd.insert_all([gd.Spec(Ok, state={}), gd.Spec(Ok, state=7)])
+    assert not Instance.objects.filter(fsm=Ok.name).exists()

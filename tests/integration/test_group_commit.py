@@ -16,6 +16,11 @@ from tests.conftest import wait_until
 from tests.helpers import role_name, sessions
 
 
+@gd.job(name="tests.groupcommit.BigResult")
+def BigResult(args):
+    return {"blob": "x" * args["size"]}
+
+
 class Sleeper(gd.Machine):
     """One step: sleeps state["sleep"] seconds, then done. With state["after"], it first
     waits (up to 10 s) until a step with state["tag"] == that has started."""
@@ -142,3 +147,20 @@ def test_a_worker_whose_flusher_thread_dies_stops_with_exit_code_1(committed, qu
     assert not t.is_alive(), "the worker went on without its flusher"
     assert out["code"] == 1
     assert any("the flusher thread died" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_flush_batches_are_bounded_by_encoded_bytes(engine, settings, queue_name, events, clean_tables):
+    """FLUSH.MAX_BYTES 250 kB, results of 100 kB: at most two outcomes per flush however
+    many wait (MAX_BATCH 100), so twelve outcomes take at least six flush statements."""
+    from gen_durable.models import Instance
+
+    settings.GEN_DURABLE = {**settings.GEN_DURABLE, "FLUSH": {"MAX_BATCH": 100, "MAX_DELAY": 0.05,
+                                                              "MAX_BYTES": 250_000}}
+    ids = [gd.insert(BigResult, args={"size": 100_000}, queue=queue_name) for _ in range(12)]
+    engine({queue_name: 6})
+    wait_until(lambda: Instance.objects.filter(id__in=ids, status="done").count() == 12, timeout=60,
+               what="all twelve done")
+    counts = [m["count"] for e, m, _ in events if e == "flush.stop" and m["count"]]
+    assert sum(counts) == 12 and max(counts) <= 2 and len(counts) >= 6
+    assert {len(r.result["blob"]) for r in Instance.objects.filter(id__in=ids)} == {100_000}

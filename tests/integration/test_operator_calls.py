@@ -210,3 +210,43 @@ def test_retry_racing_an_insert_of_the_same_key_leaves_one_live_instance(committ
     assert _row(failed).status == "failed"
     live = Instance.objects.filter(correlation_key=key).exclude(status__in=["done", "failed"])
     assert list(live.values_list("id", flat=True)) == [winner]
+
+
+class PaysOrGivesUp(gd.Machine):
+    name = "tests.operator.PaysOrGivesUp"
+
+    @gd.step
+    def start(self, ctx):
+        return gd.Await("paid", next="ship", timeout=3600)
+
+    @gd.step
+    def ship(self, ctx):
+        if not ctx.awaited:
+            return gd.Stop("payment never arrived")
+        return gd.Done({"paid": ctx.awaited[0].payload})
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("how", ["cancelled while parked", "timed out"])
+def test_retry_of_an_instance_that_failed_on_an_await_parks_it_again(how):
+    """On main retry() re-ran `ship` with no signal: it failed again at once."""
+    from gen_durable.testing import drain, fire_timeouts
+
+    i = gd.insert(PaysOrGivesUp)
+    drain()
+    if how == "timed out":
+        fire_timeouts()
+        drain()
+    else:
+        gd.cancel(i, reason="by mistake")
+    row = Instance.objects.get(id=i)
+    assert (row.status, row.step, row.awaits) == ("failed", "ship", ["paid"])
+    gd.retry(i)
+    row = Instance.objects.get(id=i)
+    assert (row.status, row.step, row.awaits, row.await_deadline) == ("awaiting_signal", "ship", ["paid"], None)
+    drain()
+    assert Instance.objects.get(id=i).status == "awaiting_signal"  # nothing ran it with no signal
+    gd.signal(i, "paid", {"amount": 5})
+    drain()
+    row = Instance.objects.get(id=i)
+    assert (row.status, row.result) == ("done", {"paid": {"amount": 5}})

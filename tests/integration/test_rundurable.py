@@ -193,3 +193,12 @@ def test_an_unmigrated_database_is_refused_at_start_up(transactional_db):
             cur.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
             cur.execute("SELECT count(*) FROM pg_database WHERE datname = %s", [name])
             assert cur.fetchone()[0] == 0
+
+
+def test_a_database_that_does_not_exist_is_a_clear_error_not_an_endless_wait(transactional_db):
+    """On main rundurable retried 'database … does not exist' for ever (capped back-off)."""
+    env = dict(child_env(), GEN_DURABLE_TEST_DB_NAME=f"gd_missing_{os.getpid()}")
+    proc = subprocess.run(MANAGE + ["rundurable", "--burst"], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert "does not exist — not retrying: create the database" in proc.stderr, proc.stderr[-2000:]
+    assert "retrying in" not in proc.stderr  # not one back-off round

@@ -12,7 +12,7 @@ from django.test import override_settings
 import gen_durable as gd
 from gen_durable import registry, schedules
 from gen_durable.models import Instance, ScheduleState
-from gen_durable.schedules import Schedule, fire_due, overview, sync
+from gen_durable.schedules import Schedule, fire_due, overview, sync, tick_key
 from tests.conftest import wait_until
 
 PARIS = ZoneInfo("Europe/Paris")
@@ -244,3 +244,67 @@ def test_admin_overview_lists_schedules_with_next_and_last_run(admin_client):
     row = body.split('id="gd-schedule-nightly"')[1].split("</tr>")[0]
     assert "<code>0 3 * * *</code>" in row and "Europe/Paris" in row and f"#{id_}" in row
     assert ">never<" not in row and " 03:00:00 CE" in row  # the next run, 03:00 Paris time
+
+
+# --- long names ---------------------------------------------------------------------
+
+def test_a_schedule_name_over_the_limit_is_a_check_error():
+    """A 300-character name is refused by E021 (it passed the check and then failed
+    every tick: its key did not fit the column)."""
+    ok = {"cron": "0 3 * * *", "machine": "tests.Plain"}
+    [message] = e021({"n" * 300: ok})
+    assert "300 characters long; the limit is 255" in message
+    assert e021({"n" * 255: ok}) == []
+
+
+def test_every_valid_name_gets_a_tick_key_that_fits_and_stays_distinct():
+    tick = dt.datetime(2026, 12, 31, 23, 59, 59, 999999, tzinfo=dt.timezone.utc)  # the longest stamp
+    short = Schedule("nightly", "0 3 * * *", "tests.Plain", "UTC")
+    assert short.correlation_key(tick) == "schedule:nightly:2026-12-31T23:59:59.999999+00:00"  # unchanged
+    names = ["a" * 255, "a" * 254 + "b", "é" * 255, "a" * 220]
+    keys = {tick_key(n, tick) for n in names}
+    assert len(keys) == len(names) and all(len(k) <= 255 for k in keys)
+    assert tick_key("a" * 255, tick) != tick_key("a" * 255, tick + dt.timedelta(minutes=1))
+
+
+@pytest.mark.django_db
+def test_a_schedule_with_a_long_name_fires():
+    """Negative control of the failure the issue saw: the plain key of this name is longer
+    than 255 characters (insert would refuse it); the derived one is inserted."""
+    name = "long-" + "x" * 245
+    cron = {name: Schedule(name, "* * * * *", "tests.Plain", "UTC", "skip", {"from": "long"})}
+    sync(cron)
+    set_next(name, "date_trunc('minute', now())")
+    [(got, tick, id_)] = fire_due(cron)
+    assert tick is not None and id_ is not None
+    assert len(f"schedule:{name}:{tick.astimezone(dt.timezone.utc).isoformat()}") > 255
+    assert Instance.objects.get(id=id_).correlation_key == cron[name].correlation_key(tick)
+    assert ScheduleState.objects.get(name=name).last_error is None
+
+
+def test_machine_schedule_declaration_rejects_what_can_never_fire():
+    with pytest.raises(gd.InvalidInput, match="300 characters long; the limit is 255"):
+        class TooLong(gd.Machine):
+            name = "m" * 300
+            schedule = {"cron": "0 3 * * *"}
+
+            @gd.step
+            def start(self, ctx):
+                return gd.Done({})
+    with pytest.raises(gd.InvalidInput, match="bad cron expression"):
+        class BadCron(gd.Machine):
+            name = "tests.sched.BadCron"
+            schedule = {"cron": "61 * * * *"}
+
+            @gd.step
+            def start(self, ctx):
+                return gd.Done({})
+    with pytest.raises(gd.InvalidInput, match="needs 'cron'"):
+        class NoCron(gd.Machine):
+            name = "tests.sched.NoCron"
+            schedule = {}
+
+            @gd.step
+            def start(self, ctx):
+                return gd.Done({})
+    assert ("m" * 300, 1) not in registry._machines and ("tests.sched.BadCron", 1) not in registry._machines

@@ -306,18 +306,22 @@ def test_an_attempt_handed_back_at_shutdown_or_reclaimed_at_start_up_is_recorded
     retried = t.flaky.enqueue(2)  # the "retrying" backend: 3 attempts; succeeds at its 2nd
     once = t.add.enqueue(1, 1)  # the default backend: 1 attempt
     ids = [int(retried.id), int(once.id)]
-    Instance.objects.filter(id__in=ids).update(status="executing", locked_by="host-7-w1",
+    # Reclaim: each the only row of its dead worker (beside another one's, a row's first
+    # crash is not charged: tests/integration/test_crash_bystanders.py).
+    workers = {"shutdown": ["host-7-w1", "host-7-w1"], "reclaim": ["host-7-w1", "host-7-w2"]}[how]
+    for id_, worker in zip(ids, workers):
+        Instance.objects.filter(id=id_).update(status="executing", locked_by=worker,
                                                lease_expires_at=timezone.now() + dt.timedelta(seconds=60))
     if how == "shutdown":
         back = claims.abandon(ids, "host-7-w1", 2.0)
     else:
         back = claims.reclaim("default", "host-7-", 3600.0)
     assert sorted(back) == sorted(ids)
-    for result in (retried, once):
+    for result, worker in zip((retried, once), workers):
         result.refresh()
-        assert (result.status, result.attempts, result.worker_ids) == (TaskResultStatus.READY, 1, ["host-7-w1"])
+        assert (result.status, result.attempts, result.worker_ids) == (TaskResultStatus.READY, 1, [worker])
         assert [e.exception_class_path for e in result.errors] == [f"gen_durable.exceptions.{cause}"]
-        assert result.errors[0].exception_class.__name__ == cause and "host-7-w1" in result.errors[0].traceback
+        assert result.errors[0].exception_class.__name__ == cause and worker in result.errors[0].traceback
     assert set(Instance.objects.filter(id__in=ids).values_list("attempt", flat=True)) == {1}
     testing.drain()
     retried.refresh()
@@ -485,3 +489,18 @@ def test_manage_py_check_reports_a_misspelt_option_as_e060_without_a_traceback(t
     assert ("(gen_durable.E060) TASKS['default']['OPTIONS'] has unknown keys ['MAX_ATTEMPT']; "
             "valid: ['BACKOFF', 'DATABASE', 'MAX_ATTEMPTS']") in proc.stderr
     assert proc.stderr.count("gen_durable.E060") == 1
+
+
+def test_a_task_whose_queue_was_removed_is_a_check_error_not_a_traceback():
+    """On main every manage.py command died with a 40-line traceback out of apps.ready."""
+    import json
+    import subprocess
+
+    from tests.integration.test_rundurable import MANAGE, ROOT, child_env
+
+    env = dict(child_env(), GEN_DURABLE_TEST_SETTINGS=json.dumps({"QUEUES": {"other": 1}}))
+    done = subprocess.run(MANAGE + ["check"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert "(gen_durable.E100) tests.durable_app.tasks could not be imported: Task tests.durable_app.tasks." \
+        in done.stderr and "queue 'default' is not in GEN_DURABLE['QUEUES']" in done.stderr, done.stderr[-3000:]

@@ -54,7 +54,10 @@ def configure(backend, settings):
         if backend == "redis":
             cfg["LIMITER"] = {"BACKEND": "redis", "URL": REDIS_URL, "PREFIX": prefix}
         settings.GEN_DURABLE = cfg
-        return get_limiter()
+        limiter = get_limiter()
+        if backend == "redis":
+            limiter.sync_config()  # as a worker's start-up does: the prefix's epoch
+        return limiter
 
     configure.prefix = prefix
     configure.backend = backend

@@ -196,6 +196,7 @@ def redis_limiter(settings):
     def make(gates=None, rates=None, lease=60.0):
         settings.GEN_DURABLE = {**settings.GEN_DURABLE, "RATE_LIMITS": rates or {}, "CONCURRENCY_LIMITS": gates or {}}
         lim = RedisLimiter(REDIS_URL, prefix=prefix, lease_ttl=lease)
+        lim.sync_config()  # as a worker's start-up does: the prefix's epoch
         made.append(lim)
         return lim
 

@@ -237,7 +237,10 @@ def test_heartbeat_warning_waits_until_the_values_are_valid():
         E(4, "GEN_DURABLE['FLUSH']['MAX_DELAY'] must be a number of seconds >= 0 and <= 60, got 61.",
           "Durations are seconds; batches are ints.")]),
     ({"FLUSH": "fast"}, [
-        E(4, "GEN_DURABLE['FLUSH'] must be a dict, got 'fast'.", "Keys: MAX_BATCH, MAX_DELAY.")]),
+        E(4, "GEN_DURABLE['FLUSH'] must be a dict, got 'fast'.", "Keys: MAX_BATCH, MAX_DELAY, MAX_BYTES.")]),
+    ({"FLUSH": {"MAX_BYTES": 0}}, [
+        E(4, "GEN_DURABLE['FLUSH']['MAX_BYTES'] must be a positive integer (bytes), got 0.",
+          "Durations are seconds; batches are ints.")]),
     ({"GC": {"BATCH": "10"}}, [
         E(4, "GEN_DURABLE['GC']['BATCH'] must be a positive integer, got '10'.",
           "Durations are seconds; batches are ints.")]),
@@ -249,7 +252,7 @@ def test_heartbeat_warning_waits_until_the_values_are_valid():
           "Durations are seconds; batches are ints.")]),
 ], ids=["flush-typo", "reaper-typo", "gc-typo-and-unknown", "flush-false", "reaper-true", "gc-int",
         "max-batch-zero", "max-batch-float", "reaper-negative", "reaper-infinite", "max-delay-infinite",
-        "max-delay-nan", "max-delay-over-a-minute", "flush-not-a-dict", "gc-batch-string", "retention-negative",
+        "max-delay-nan", "max-delay-over-a-minute", "flush-not-a-dict", "max-bytes-zero", "gc-batch-string", "retention-negative",
         "retention-infinite"])
 def test_flush_reaper_and_gc_sections_are_validated(overrides, expected):
     with override_settings(GEN_DURABLE=overrides):
@@ -407,10 +410,10 @@ def test_the_warning_follows_the_engine_alias_not_default():
 @override_settings(GEN_DURABLE={"FLUSH": {"MAX_BATCH": 5}, "GC": {"RETENTION": 10}})
 def test_partial_nested_dicts_merge_over_the_defaults():
     s = conf.get_settings()
-    assert s.FLUSH == {"MAX_BATCH": 5, "MAX_DELAY": 0.005}
+    assert s.FLUSH == {"MAX_BATCH": 5, "MAX_DELAY": 0.005, "MAX_BYTES": 8 * 1024 * 1024}
     assert s.GC == {"INTERVAL": 60, "RETENTION": 10, "BATCH": 10000}
     assert s.REAPER == {"INTERVAL": 30}
-    assert DEFAULTS["FLUSH"] == {"MAX_BATCH": 500, "MAX_DELAY": 0.005}  # defaults not mutated
+    assert DEFAULTS["FLUSH"] == {"MAX_BATCH": 500, "MAX_DELAY": 0.005, "MAX_BYTES": 8 * 1024 * 1024}  # defaults not mutated
 
 
 @override_settings(GEN_DURABLE={"REAPER": False, "QUEUES": {"mail": 2}})

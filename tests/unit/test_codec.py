@@ -148,8 +148,24 @@ def test_none_state_encodes_as_an_empty_object():
     assert codec.encode_state(None) == "{}"
 
 
-def test_sets_encode_as_sorted_lists():
-    assert json.loads(codec.encode_state({"s": {3, 1, 2}})) == {"s": [1, 2, 3]}
+def test_sets_encode_as_sorted_lists_in_results_and_typed_states():
+    assert json.loads(codec.encode({"s": {3, 1, 2}}, "result")) == {"s": [1, 2, 3]}
+
+    @dataclasses.dataclass
+    class S:
+        s: set[int]
+
+    assert json.loads(codec.encode_state({"s": {3, 1, 2}}, state_type=S)) == {"s": [1, 2, 3]}
+    assert codec.load_typed(S, json.loads(codec.encode_state(S(s={3, 1, 2})))) == S(s={1, 2, 3})
+
+
+def test_an_untyped_state_refuses_sets_and_non_dicts():
+    """On main a set came back as a list and a list or int state was stored as is."""
+    with pytest.raises(SerializationError, match="a set does not round-trip"):
+        codec.encode_state({"s": {1}}, "state of M")
+    for bad in ([1, 2], 3, "text", (1,)):
+        with pytest.raises(SerializationError, match="state of M must be a dict"):
+            codec.encode_state(bad, "state of M")
 
 
 # --- errors ------------------------------------------------------------------------------------

@@ -42,9 +42,9 @@ class Window(threading.Condition):
         return False
 
 
-def flusher(max_batch=10, max_delay=30.0, young=None):
+def flusher(max_batch=10, max_delay=30.0, young=None, max_bytes=8 * 1024 * 1024):
     clock = Clock()
-    f = Flusher(max_batch=max_batch, max_delay=max_delay, young=young, clock=clock)
+    f = Flusher(max_batch=max_batch, max_delay=max_delay, young=young, clock=clock, max_bytes=max_bytes)
     f._cond = Window(clock)
     return f, clock
 
@@ -151,3 +151,32 @@ def test_started_and_submitted_steps_balance():
     f.step_abandoned()                       # a step that submitted nothing
     f.submit("b")
     assert f._running == 0
+
+
+class Sized:
+    """An outcome carrying `n` characters of result JSON."""
+
+    def __init__(self, name, n):
+        self.name, self.result = name, "x" * n
+
+    def __repr__(self):
+        return self.name
+
+
+def test_a_batch_ends_at_max_bytes_and_an_outcome_over_it_goes_alone():
+    f, _ = flusher(max_batch=10, max_bytes=1000)
+    for e in (Sized("a", 400), Sized("b", 400), Sized("c", 400), Sized("d", 5000), Sized("e", 10)):
+        f.submit(e)
+    assert [e.name for e in names(f._take())] == ["a", "b"]   # 800; c would make 1,200
+    assert [e.name for e in names(f._take())] == ["c"]        # d would make 5,400
+    assert [e.name for e in names(f._take())] == ["d"]        # over the cap: alone
+    assert [e.name for e in names(f._take())] == ["e"]
+    assert f._pending_bytes == 0
+
+
+def test_a_batch_at_max_bytes_does_not_wait_for_the_window():
+    f, _ = flusher(max_bytes=1000)
+    f.step_started()
+    f.step_started()
+    f.submit(Sized("a", 1000))          # another step still runs, but the batch is full by bytes
+    assert [e.name for e in names(f._take())] == ["a"] and f._cond.waits == []

@@ -26,6 +26,9 @@ MAX_RAPID_DEATHS = 5
 
 # Start-up against a database that is down: first wait and its cap (seconds).
 CONNECT_BACKOFF = (0.5, 30.0)
+# What the server answers when the settings, not its state, are wrong: waiting would
+# never end (psycopg gives no SQLSTATE for a refused connection, so the message decides).
+PERMANENT = ("does not exist", "password authentication failed", "no pg_hba.conf entry")
 
 
 def _configure_logging(verbosity):
@@ -39,7 +42,9 @@ def wait_for_database(alias: str) -> int:
     (CONNECT_BACKOFF), one warning line per failed attempt. Returns the attempts made.
 
     Only a failure to connect is retried (the server is down, starting, refusing or
-    unreachable); SIGTERM/SIGINT end the wait as they end the process.
+    unreachable); SIGTERM/SIGINT end the wait as they end the process. A server that
+    answers that the database or role does not exist, or refuses the credentials,
+    raises CommandError at once (exit code 1): the settings are wrong, not the server.
     """
     from django.db import OperationalError, connections
 
@@ -52,6 +57,10 @@ def wait_for_database(alias: str) -> int:
             conn.ensure_connection()
         except OperationalError as exc:
             reason = " ".join(str(exc).split()) or type(exc).__name__
+            if any(p in reason for p in PERMANENT):
+                conn.close()
+                raise CommandError(f"database {alias!r}: {reason[:300]} — not retrying: create the database "
+                                   "(createdb, CREATE DATABASE) or fix DATABASES (NAME, USER, PASSWORD)") from None
             log.warning("database %r unavailable (attempt %d: %s); retrying in %.1fs", alias, attempt,
                         reason[:300], delay)
             conn.close()
