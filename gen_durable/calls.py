@@ -17,7 +17,6 @@ from .conf import database_alias, get_settings, routed_alias
 from .codec import encode
 from .exceptions import DuplicateInstance, InvalidInput, NoTarget
 from .limiter.config import get_limits
-from .machine import Machine
 from .statuses import LIVE_STATUSES, Status
 from .outcomes import Spec, key_string, reason_text, seconds, text, weight_value
 
@@ -25,9 +24,9 @@ SMALLINT = (-32768, 32767)
 STATUSES = frozenset(Status.values)
 
 
-def resolve_machine(machine) -> type[Machine]:
+def resolve_machine(machine) -> type:
     """Accept a Machine subclass (or a @job) or a registered name; raise UnknownMachine."""
-    if isinstance(machine, type) and issubclass(machine, Machine) and not machine.__dict__.get("abstract"):
+    if isinstance(machine, type) and getattr(machine, "_gd_machine", False) and not machine.__dict__.get("abstract"):
         return machine
     if isinstance(machine, str):
         return registry.latest(machine)

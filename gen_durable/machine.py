@@ -101,6 +101,9 @@ class Machine:
     """Base class of durable state machines. See the module docstring and docs/guide.md."""
 
     abstract: ClassVar[bool] = True
+    # Marks the classes `calls.resolve_machine` accepts (calls.py does not import this
+    # module, which imports it for Machine.insert: one direction only).
+    _gd_machine: ClassVar[bool] = True
     name: ClassVar[str] = ""
     version: ClassVar[int] = 1
     queue: ClassVar[str] = "default"
