@@ -42,7 +42,7 @@ MACHINES_LOGGED = 30  # names in the start-up line; the rest are counted
 # waiting for it would keep the burst from ever exiting.
 _IDLE_SQL = (
     "SELECT EXISTS (SELECT 1 FROM gen_durable WHERE status = 'runnable' AND queue = ANY (%(q)s::text[]) "
-    "AND (rate_limit IS NULL OR split_part(rate_limit, ':', 1) = ANY (%(rates)s::text[]))) "
+    "AND unknown_since IS NULL AND (rate_limit IS NULL OR split_part(rate_limit, ':', 1) = ANY (%(rates)s::text[]))) "
     "OR EXISTS (SELECT 1 FROM gen_durable WHERE status = 'executing' AND queue = ANY (%(q)s::text[]))"
 )
 

@@ -214,3 +214,4 @@ from . import limit_machines  # noqa: E402,F401  (registered for worker subproce
 from tests.durable_app import supervision_machines  # noqa: E402,F401  (supervision and fault tests)
 from tests.durable_app import fault_machines  # noqa: E402,F401  (the fault suite's machines)
 from tests.durable_app import multihost_machines  # noqa: E402,F401  (tests/faults/test_multihost.py)
+from tests.durable_app import deploy_machines  # noqa: E402,F401  (tests/integration/test_deploys.py)

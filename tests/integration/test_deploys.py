@@ -1,0 +1,106 @@
+"""Rolling deploys (docs/guide.md, "Deploying"): a worker that does not know a row's
+machine, version or step hands it back untouched; a worker that knows it runs it.
+
+The two "releases" are two worker processes with different registries
+(tests/durable_app/deploy_machines.py: GEN_DURABLE_TEST_RELEASE=old lacks a machine, a
+version and a step the new release has).
+"""
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+import gen_durable as gd
+from gen_durable.models import Instance
+from tests.conftest import wait_until
+from tests.durable_app.deploy_machines import Added, Both, Evolving, EvolvingV2
+
+ROOT = Path(__file__).resolve().parents[2]
+MANAGE = [sys.executable, str(ROOT / "tests" / "manage.py")]
+
+
+def worker(queue, release, *extra):
+    env = dict(os.environ, DJANGO_SETTINGS_MODULE="tests.settings",
+               GEN_DURABLE_TEST_DB_NAME=connection.settings_dict["NAME"],
+               GEN_DURABLE_TEST_SETTINGS='{"POLL_INTERVAL": 0.05, "MAX_POLL_INTERVAL": 0.2}')
+    if release == "old":
+        env["GEN_DURABLE_TEST_RELEASE"] = "old"
+    else:
+        env.pop("GEN_DURABLE_TEST_RELEASE", None)
+    return subprocess.Popen(MANAGE + ["rundurable", "--queue", f"{queue}=2", "--no-gc", "--no-reaper", *extra],
+                            cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
+
+
+def stop(proc):
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        _, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+    return err
+
+
+def rows(ids):
+    return list(Instance.objects.filter(id__in=ids).order_by("id"))
+
+
+def test_an_old_worker_hands_back_what_it_does_not_know_and_the_new_one_runs_it(committed, queue_name):
+    unknown = [gd.insert(Added, queue=queue_name) for _ in range(5)]
+    unknown += [gd.insert(EvolvingV2, queue=queue_name) for _ in range(2)]
+    unknown += [gd.insert(Evolving, step="pack", queue=queue_name) for _ in range(2)]
+    known = [gd.insert(Both, queue=queue_name) for _ in range(3)]   # negative control: the old one runs these
+
+    old = worker(queue_name, "old")
+    new = None
+    try:
+        wait_until(lambda: all(r.status == "done" for r in rows(known)), timeout=30, what="the old worker's own rows")
+        wait_until(lambda: all(r.unknown_since is not None for r in rows(unknown)), timeout=30,
+                   what="the old worker to hand back every row it does not know")
+        for r in rows(unknown):
+            # Untouched: runnable, no attempt spent, no error, no lease.
+            assert (r.status, r.attempt, r.last_error, r.locked_by) == ("runnable", 0, None, None), r.id
+        assert all(r.result["ran"] == ["start@old"] for r in rows(known))
+
+        # The deploy goes on: the new release starts beside the old one.
+        new = worker(queue_name, "new")
+        wait_until(lambda: all(r.status == "done" for r in rows(unknown)), timeout=30,
+                   what="the new worker to run the rows the old one did not know")
+        done = rows(unknown)
+        assert all(r.attempt == 0 and r.last_error is None and r.unknown_since is None for r in done)
+        assert sorted(r.result["ran"][0] for r in done) == ["pack@new"] * 2 + ["start@new"] * 7
+    finally:
+        old_log = stop(old)
+        if new is not None:
+            stop(new)
+    # Said once per machine/version, naming what is missing.
+    lines = [line for line in old_log.splitlines() if "handed back untouched" in line]
+    assert sum("tests.deploy.Added v1" in line and "that machine" in line for line in lines) == 1, old_log
+    assert sum("tests.deploy.Evolving v2" in line and "that version (it has v1)" in line for line in lines) == 1
+    assert sum("tests.deploy.Evolving v1" in line and "that step" in line for line in lines) == 1
+
+
+def test_the_pick_hands_back_what_this_process_does_not_know_without_failing_it(committed, queue_name,
+                                                                                 monkeypatch):
+    from gen_durable import registry
+    from gen_durable.worker.claims import adopt_known, pick
+
+    ids = [gd.insert(Added, queue=queue_name) for _ in range(3)] + [gd.insert(Both, queue=queue_name)]
+    # This process "is" the old release: Added unregistered.
+    monkeypatch.delitem(registry._machines, ("tests.deploy.Added", 1))
+    monkeypatch.setattr(registry, "_known", None)
+    jobs = pick(queue_name, 10, "w-old", 30, stats=(stats := {}))
+    assert [j.fsm for j in jobs] == ["tests.deploy.Both"] and stats["unknown"] == 3
+    assert pick(queue_name, 10, "w-old", 30) == []                 # out of the pick's range now
+    assert adopt_known(queue_name, 10) == []                       # nothing here knows them
+    monkeypatch.undo()
+    registry._known = None
+    assert sorted(adopt_known(queue_name, 10)) == ids[:3]          # the new release adopts them
+    again = pick(queue_name, 10, "w-new", 30)
+    assert sorted(j.id for j in again) == ids[:3] and {j.attempt for j in again} == {0}
