@@ -104,3 +104,26 @@ def test_the_pick_hands_back_what_this_process_does_not_know_without_failing_it(
     assert sorted(adopt_known(queue_name, 10)) == ids[:3]          # the new release adopts them
     again = pick(queue_name, 10, "w-new", 30)
     assert sorted(j.id for j in again) == ids[:3] and {j.attempt for j in again} == {0}
+
+
+def test_the_overview_says_which_rows_wait_for_a_worker_that_knows_them(admin_client, queue_name):
+    from django.urls import reverse
+
+    from tests.factories import HandedBackFactory
+
+    HandedBackFactory.create_batch(3, fsm="shop.Checkout", fsm_version=2, queue=queue_name)
+    HandedBackFactory(fsm="tests.deploy.Added", queue=queue_name)
+    body = admin_client.get(reverse("admin:gen_durable_queueoverview_changelist")).content.decode()
+    assert "3 rows wait for a worker that knows shop.Checkout v2" in body
+    assert "no class registered in this release has it" in body
+    assert "1 row waits for a worker that knows tests.deploy.Added v1" in body
+    assert "this release knows it" in body
+
+
+def test_the_overview_shows_no_deploy_section_without_such_rows(admin_client, queue_name):
+    from django.urls import reverse
+
+    gd.insert(Both, queue=queue_name)
+    body = admin_client.get(reverse("admin:gen_durable_queueoverview_changelist")).content.decode()
+    assert 'id="gd-unknown"' not in body and "Queues" in body
+
