@@ -127,3 +127,53 @@ def test_the_overview_shows_no_deploy_section_without_such_rows(admin_client, qu
     body = admin_client.get(reverse("admin:gen_durable_queueoverview_changelist")).content.decode()
     assert 'id="gd-unknown"' not in body and "Queues" in body
 
+
+
+# --- W060 and `manage.py durable_versions` ---------------------------------------------
+@pytest.mark.django_db
+def test_w060_lists_live_rows_no_registered_class_has(queue_name):
+    from gen_durable.checks import check_unknown_machines
+    from tests.factories import InstanceFactory, TerminalFactory
+
+    InstanceFactory(fsm="shop.Gone", queue=queue_name)
+    InstanceFactory.create_batch(2, fsm="tests.deploy.Evolving", fsm_version=3, queue=queue_name)
+    InstanceFactory(fsm="tests.deploy.Evolving", step="pak", queue=queue_name, status="awaiting_signal")
+    InstanceFactory(fsm="tests.deploy.Both", queue=queue_name)                 # known: not listed
+    TerminalFactory(fsm="shop.Finished", queue=queue_name)                      # done: not live
+    assert check_unknown_machines() == []                                       # only with --database
+    warnings = check_unknown_machines(databases=["default"])
+    text = "\n".join(w.msg for w in warnings)
+    assert {w.id for w in warnings} == {"gen_durable.W060"} and len(warnings) == 3, text
+    assert "1 runnable row of shop.Gone v1 at step 'start'" in text and "no registered machine is named" in text
+    assert "2 runnable rows of tests.deploy.Evolving v3" in text and "has versions v1, v2 here, not v3" in text
+    assert "no step 'pak'" in text and "renamed from 'pak' to 'pack'?" in text
+    assert "shop.Finished" not in text and "tests.deploy.Both" not in text
+
+
+@pytest.mark.django_db
+def test_durable_versions_lists_live_rows_per_machine_version_and_step(queue_name):
+    from io import StringIO
+
+    from django.core.management import CommandError, call_command
+
+    from tests.factories import HandedBackFactory, InstanceFactory
+
+    InstanceFactory.create_batch(2, fsm="tests.deploy.Evolving", queue=queue_name)
+    HandedBackFactory(fsm="tests.deploy.Evolving", fsm_version=3, queue=queue_name)
+    out = StringIO()
+    call_command("durable_versions", "--machine", "tests.deploy.Evolving", stdout=out)
+    lines = out.getvalue().splitlines()
+    v1 = next(line for line in lines if " v1 " in line)
+    assert "start" in v1 and "runnable" in v1 and " 2 " in v1 and "runs it" in v1
+    v3 = next(line for line in lines if " v3 " in line)
+    assert " 1 " in v3 and "not v3" in v3
+    assert not any("may be removed" in line for line in lines)    # v1 has live rows, v2 is the newest
+    out = StringIO()
+    call_command("durable_versions", "--unknown", stdout=out)
+    assert " v1 " not in out.getvalue() and " v3 " in out.getvalue()
+    Instance.objects.filter(fsm="tests.deploy.Evolving", fsm_version=1).update(status="done")  # v1 drained
+    out = StringIO()
+    call_command("durable_versions", "--machine", "tests.deploy.Evolving", stdout=out)
+    assert out.getvalue().splitlines()[-1] == "no live rows (an older version may be removed): tests.deploy.Evolving v1"
+    with pytest.raises(CommandError, match="did you mean 'tests.deploy.Evolving'"):
+        call_command("durable_versions", "--machine", "tests.deploy.Evolvin")
