@@ -88,6 +88,31 @@ def check_queues(app_configs=None, **kwargs):
 
 
 @register(Tags.compatibility)
+def check_extra_queues(app_configs=None, **kwargs):
+    """E062: EXTRA_QUEUES must be a list of non-empty queue names or fnmatch patterns.
+
+    W062: an entry that is also a key of QUEUES (this deployment runs it: not extra)."""
+    s = get_settings()
+    extra = s.EXTRA_QUEUES
+    hint = ('Queues other deployments serve, which insert/pause_queue accept: for example ["reports", '
+            '"tenant-*"] ("*" accepts any name).')
+    if isinstance(extra, str) or not isinstance(extra, (list, tuple, set, frozenset)):
+        return [Error(f"GEN_DURABLE['EXTRA_QUEUES'] must be a list of queue names, got {extra!r}.", hint=hint,
+                      id=ID + "E062")]
+    out = []
+    queues = s.QUEUES if isinstance(s.QUEUES, dict) else {}
+    for entry in extra:
+        if not isinstance(entry, str) or not entry.strip() or "\x00" in entry:
+            out.append(Error(f"GEN_DURABLE['EXTRA_QUEUES'] has an invalid entry {entry!r}.", hint=hint,
+                             id=ID + "E062"))
+        elif entry in queues:
+            out.append(Warning(f"GEN_DURABLE['EXTRA_QUEUES'] names {entry!r}, a key of QUEUES.",
+                               hint="EXTRA_QUEUES is for queues this deployment's workers do not run; remove it.",
+                               id=ID + "W062"))
+    return out
+
+
+@register(Tags.compatibility)
 def check_timings(app_configs=None, **kwargs):
     """E003: durations must be numbers of seconds; E030: a heartbeat that cannot keep a
     lease alive; W001: heartbeat × 3 > lease."""

@@ -18,6 +18,10 @@ from django.dispatch import receiver
 DEFAULTS: dict[str, Any] = {
     "DATABASE": "default",
     "QUEUES": {"default": 10},
+    # Queues this deployment's workers do not run but other deployments do: insert and
+    # pause_queue accept them (names, or fnmatch patterns such as "tenant-*"; "*" accepts
+    # any name). Every other queue must be a key of QUEUES or a registered machine's queue.
+    "EXTRA_QUEUES": (),
     "RATE_LIMITS": {},
     "CONCURRENCY_LIMITS": {},
     "LIMITER": "postgres",
@@ -68,6 +72,7 @@ NESTED = ("FLUSH", "REAPER", "GC", "INLINE", "PRODUCER")
 class Settings:
     DATABASE: str
     QUEUES: dict
+    EXTRA_QUEUES: Any
     RATE_LIMITS: dict
     CONCURRENCY_LIMITS: dict
     LIMITER: Any
