@@ -17,7 +17,7 @@ Indexes on `gen_durable` (see sql/*.sql for the statements):
   gen_durable_correlation  UNIQUE (correlation_guard) WHERE correlation_guard IS NOT NULL  insert dedup, signal by key
   gen_durable_parent       (parent_id) WHERE parent_id IS NOT NULL                    load_children.sql
   gen_durable_gc           (updated_at) WHERE status IN ('done', 'failed')            gc_select.sql
-  gen_durable_unknown      (queue, fsm, fsm_version, step) WHERE unknown_since IS NOT NULL
+  gen_durable_unknown      (queue, fsm, fsm_version) WHERE unknown_since IS NOT NULL
                            AND status = 'runnable'                                   adopt_known.sql (migration 0008)
 """
 

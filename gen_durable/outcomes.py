@@ -162,9 +162,7 @@ class Next:
         weight = self.weight
         if type(weight) is not float or not 0.0 < weight < math.inf:  # NaN fails the comparison too
             object.__setattr__(self, "weight", weight_value(weight, "Next weight"))
-        if self.rate_limit is None and self.weight != 1.0:
-            raise InvalidInput(f"Next weight={self.weight:g} without a rate_limit: a weight is what the next "
-                               "step costs its rate limit's bucket and does nothing without one")
+
         if self.inline is not None and not isinstance(self.inline, bool):
             raise InvalidInput(f"Next inline must be None (the machine's inline_execution), True or False, "
                                f"got {self.inline!r}")

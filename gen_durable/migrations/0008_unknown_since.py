@@ -17,7 +17,7 @@ from django.db import migrations
 
 UP = """
 ALTER TABLE gen_durable ADD COLUMN unknown_since timestamptz;
-CREATE INDEX gen_durable_unknown ON gen_durable (queue, fsm, fsm_version, step)
+CREATE INDEX gen_durable_unknown ON gen_durable (queue, fsm, fsm_version)
     WHERE unknown_since IS NOT NULL AND status = 'runnable';
 """
 DOWN = """

@@ -2,7 +2,7 @@
 -- this worker knows their (machine, version, step); its next pick claims them.
 -- Contract: docs/guide.md#deploying. Params: queue text, fsms text[], versions int[],
 --   steps text[] (the worker's registry, one element per known step), limit int.
--- Index: gen_durable_unknown (queue, fsm, fsm_version, step) WHERE unknown_since IS NOT
+-- Index: gen_durable_unknown (queue, fsm, fsm_version) WHERE unknown_since IS NOT
 --   NULL AND status = 'runnable' — only such rows, none outside a deploy.
 -- eligible_at := unknown_since: the row goes back to about its place in the queue.
 -- Locks: FOR NO KEY UPDATE SKIP LOCKED, id order; never waits.

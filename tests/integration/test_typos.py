@@ -60,23 +60,6 @@ def test_extra_queues_is_validated():
         assert check_extra_queues() == []
 
 
-@pytest.mark.django_db
-@override_settings(GEN_DURABLE=STRICT)
-def test_an_unconfigured_rate_limit_and_a_weight_without_one_are_refused():
-    before = table_counts()
-    with pytest.raises(gd.InvalidInput, match=r"rate_limit 'apj' is not configured; did you mean 'api'\?"):
-        gd.insert(Plain, rate_limit="apj")
-    with pytest.raises(gd.InvalidInput, match="rate_limit 'ghost' is not configured"):
-        gd.insert(Plain, rate_limit=("ghost", "user-1"))
-    with pytest.raises(gd.InvalidInput, match="weight=2 without a rate_limit"):
-        gd.insert(Plain, weight=2)
-    with pytest.raises(gd.InvalidInput, match="Next weight=3 without a rate_limit"):
-        gd.Next("start", weight=3)
-    assert table_counts() == before
-    assert gd.insert(Plain, rate_limit=("api", "user-1"), weight=2)
-    assert gd.Next("start", rate_limit="api", weight=3).weight == 3.0
-
-
 def test_misspelt_class_options_raise_at_class_definition():
     with pytest.raises(gd.InvalidInput, match=r"J\.max_attempt is not a gen_durable option; did you mean 'max_attempts'"):
         class J(gd.Job):

@@ -138,7 +138,7 @@ def test_schedule_children_keeps_its_children_as_a_tuple():
     out = gd.ScheduleChildren(next="join", children=kids)
     assert out.children == tuple(kids)
     assert out.children[0].machine is Plain and out.children[0].kwargs == {"state": {"i": 1}}
-    assert gd.Child is gd.Spec
+    assert issubclass(gd.Child, gd.Spec)
 
 
 def test_schedule_children_may_be_empty():
