@@ -177,3 +177,68 @@ def test_durable_versions_lists_live_rows_per_machine_version_and_step(queue_nam
     assert out.getvalue().splitlines()[-1] == "no live rows (an older version may be removed): tests.deploy.Evolving v1"
     with pytest.raises(CommandError, match="did you mean 'tests.deploy.Evolving'"):
         call_command("durable_versions", "--machine", "tests.deploy.Evolvin")
+
+
+# --- evolving a machine: step aliases, retry at a step -------------------------------
+class Renamed(gd.Machine):
+    """`ship` was called `send` in the release before: rows parked under it still run."""
+
+    name = "tests.deploy.Renamed"
+    step_aliases = {"send": "ship"}
+
+    @gd.step
+    def start(self, ctx):
+        return gd.Next("ship")
+
+    @gd.step
+    def ship(self, ctx):
+        return gd.Done({"step": ctx.step, "state": ctx.state})
+
+
+@pytest.mark.django_db
+def test_a_row_parked_under_a_renamed_steps_old_name_runs_the_new_step(queue_name):
+    from gen_durable import registry, testing
+    from tests.factories import InstanceFactory
+
+    old = InstanceFactory(fsm="tests.deploy.Renamed", step="send", queue=queue_name, state={"n": 1})
+    assert registry.knows("tests.deploy.Renamed", 1, "send")
+    testing.drain(queue_name)
+    r = Instance.objects.get(id=old.id)
+    assert (r.status, r.result) == ("done", {"step": "send", "state": {"n": 1}})
+
+
+def test_step_aliases_are_checked_at_class_definition():
+    with pytest.raises(gd.InvalidInput, match="maps 'a' to 'nope', which is not a step"):
+        class Bad(gd.Machine):
+            name = "tests.deploy.BadAlias"
+            step_aliases = {"a": "nope"}
+
+            @gd.step
+            def start(self, ctx):
+                return gd.Done()
+    with pytest.raises(gd.InvalidInput, match="renames 'start', which is still a step"):
+        class Bad2(gd.Machine):
+            name = "tests.deploy.BadAlias2"
+            step_aliases = {"start": "start"}
+
+            @gd.step
+            def start(self, ctx):
+                return gd.Done()
+
+
+@pytest.mark.django_db
+def test_retry_resumes_a_failed_instance_at_a_chosen_step_with_its_state(queue_name):
+    from gen_durable import testing
+    from tests.factories import InstanceFactory
+
+    failed = InstanceFactory(fsm="tests.deploy.Evolving", step="gone", queue=queue_name, status="failed",
+                             state={"order": 7}, attempt=3, last_error="x")
+    with pytest.raises(gd.InvalidInput, match="has no step 'pak'; did you mean 'pack'"):
+        gd.retry(failed.id, step="pak")
+    assert Instance.objects.get(id=failed.id).status == "failed"          # refused: nothing written
+    assert gd.retry(failed.id, step="pack") == failed.id
+    r = Instance.objects.get(id=failed.id)
+    assert (r.status, r.step, r.attempt) == ("runnable", "pack", 0)
+    testing.drain(queue_name)
+    r = Instance.objects.get(id=failed.id)
+    assert r.status == "done" and r.result == {"order": 7, "ran": ["pack@new"]}
