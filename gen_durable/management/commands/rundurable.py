@@ -14,6 +14,7 @@ import time
 from django.core.management.base import BaseCommand, CommandError
 
 from gen_durable.conf import get_settings
+from gen_durable.worker.supervisor import EXIT_LEFT_WORK
 
 
 # Supervision of `--processes N` children (seconds): first back-off and its cap, the run
@@ -89,6 +90,16 @@ def positive_int(value: str) -> int:
     return n
 
 
+def positive_float(value: str) -> float:
+    try:
+        n = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {value!r}") from None
+    if not n > 0 or n == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {value}")
+    return n
+
+
 class Command(BaseCommand):
     help = "Run gen_durable workers: schedulers for the configured queues, flusher, heartbeat, reaper and GC."
     requires_system_checks = "__all__"
@@ -103,9 +114,15 @@ class Command(BaseCommand):
         parser.add_argument("--no-reaper", action="store_true", help="Run no reaper in this process.")
         parser.add_argument("--no-gc", action="store_true", help="Run no GC in this process.")
         parser.add_argument("--burst", action="store_true",
-                            help="Exit 0 once no row of these queues is runnable or executing (rows parked on "
-                                 "a signal or children, and rows naming a rate limit RATE_LIMITS lacks, "
-                                 "are left; the latter are named on exit).")
+                            help="Run what it can, then exit: 0 once no row of these queues is runnable or "
+                                 f"executing; {EXIT_LEFT_WORK} when it leaves rows it cannot run (a paused "
+                                 "queue, a machine this release does not know, an unconfigured rate limit, "
+                                 "or, past --max-wait, rows the limiter keeps deferring), each named with "
+                                 "its reason. Rows parked on a signal or children are not waited for.")
+        parser.add_argument("--max-wait", type=positive_float, default=None, metavar="SECONDS",
+                            help="With --burst: stop once no step completed for this many seconds while rows "
+                                 "remain (due later, deferred by the limiter, the limiter unreachable); "
+                                 f"exits {EXIT_LEFT_WORK} naming them. Default: wait for them.")
         parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
         # pids of dead predecessors of a restarted child, whose claims it takes back at once
         parser.add_argument("--predecessors", default="", help=argparse.SUPPRESS)
@@ -120,7 +137,9 @@ class Command(BaseCommand):
         return super().execute(*args, **options)
 
     def handle(self, *, queue, processes, no_reaper, no_gc, burst, child, predecessors, parent, verbosity,
-               **options):
+               max_wait=None, **options):
+        if max_wait is not None and not burst:
+            raise CommandError("--max-wait needs --burst (a worker without it runs until stopped)")
         _configure_logging(verbosity)
         settings = get_settings()
         queues = dict(settings.QUEUES)
@@ -140,9 +159,13 @@ class Command(BaseCommand):
         # can die. GC (nobody waits on it) runs in the first, which is restarted if it dies.
         first = child in (None, 0)
         config = WorkerConfig(queues=queues, reaper=not no_reaper, gc=not no_gc and first, burst=burst,
+                              max_wait=max_wait,
                               parent_pid=parent,
                               predecessors=tuple(int(p) for p in predecessors.split(",") if p))
         code = Supervisor(config).run()
+        if code == EXIT_LEFT_WORK:
+            raise CommandError("burst: rows were left that this worker could not run (see the log line above)",
+                               returncode=EXIT_LEFT_WORK)
         if code:
             raise CommandError(f"worker exited with {code}")
 
@@ -271,7 +294,7 @@ class Command(BaseCommand):
                             spawn(i)
                     continue
                 slot["proc"], code = None, proc.returncode
-                if stopping or code == 0:
+                if stopping or code == 0 or code == EXIT_LEFT_WORK:  # a burst child done (rows left: named)
                     slot["done"] = True
                     codes.append(code)
                     continue
@@ -298,6 +321,9 @@ class Command(BaseCommand):
             if all(slot["done"] for slot in slots):
                 break
             time.sleep(0.2)
-        bad = [c for c in codes if c]
+        bad = [c for c in codes if c and c != EXIT_LEFT_WORK]
         if bad:
             raise CommandError(f"{len(bad)} worker process(es) exited non-zero: {codes}")
+        if EXIT_LEFT_WORK in codes:
+            raise CommandError("burst: rows were left that the workers could not run (see the log)",
+                               returncode=EXIT_LEFT_WORK)
