@@ -242,3 +242,22 @@ def test_retry_resumes_a_failed_instance_at_a_chosen_step_with_its_state(queue_n
     testing.drain(queue_name)
     r = Instance.objects.get(id=failed.id)
     assert r.status == "done" and r.result == {"order": 7, "ran": ["pack@new"]}
+
+
+@pytest.mark.django_db
+def test_control_without_the_hand_back_the_old_release_fails_the_row_at_attempt_0(queue_name, monkeypatch):
+    """Negative control of the hand-back: when the pick does not sort out the rows this
+    process lacks (as before), executing one fails it at once — what the deploy test
+    above proves no longer happens."""
+    from gen_durable import registry
+    from gen_durable.worker.claims import pick
+    from gen_durable.worker.executor import execute
+    from gen_durable.worker.flusher import flush
+
+    id_ = gd.insert(Added, queue=queue_name)
+    monkeypatch.delitem(registry._machines, ("tests.deploy.Added", 1))
+    monkeypatch.setattr(registry, "knows", lambda *a: True)   # the pick no longer hands anything back
+    [job] = pick(queue_name, 10, "w-old", 30)
+    flush([execute(job)])
+    r = Instance.objects.get(id=id_)
+    assert (r.status, r.attempt) == ("failed", 0) and "no gen_durable machine registered" in r.last_error
