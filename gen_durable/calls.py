@@ -73,6 +73,26 @@ def check_queue(name: str) -> None:
         "machines' queues); a queue another deployment's workers serve goes in GEN_DURABLE['EXTRA_QUEUES'].")
 
 
+def check_rate_limit(rate_limit: str | None) -> None:
+    """Raise InvalidInput, naming the closest configured one, when `rate_limit`'s name
+    (before the first ':') is not in GEN_DURABLE['RATE_LIMITS']: the row would never be
+    admitted."""
+    if rate_limit is None or get_limits().rate_for(rate_limit) is not None:
+        return
+    import difflib
+
+    from .limiter.config import name_of
+
+    rates = get_settings().RATE_LIMITS
+    configured = sorted(rates) if isinstance(rates, dict) else []
+    name = name_of(rate_limit)
+    close = difflib.get_close_matches(name, configured, n=1)
+    raise InvalidInput(
+        f"rate_limit {name!r} is not configured" + (f"; did you mean {close[0]!r}?" if close else "")
+        + f" GEN_DURABLE['RATE_LIMITS'] has {', '.join(configured) or 'none'}: a row naming an unconfigured "
+        "rate limit would never be admitted.")
+
+
 def _aware(value, what):
     if value is None:
         return None
@@ -144,6 +164,7 @@ def build_row(machine, *, state=None, args=None, step=None, queue=None, priority
             raise InvalidInput(f"correlation_scope has unknown statuses {bad}; valid: {sorted(STATUSES)}")
     weight = weight_value(weight)
     rate_limit = key_string(rate_limit, "rate_limit")
+    check_rate_limit(rate_limit)
     limit = get_limits().rate_for(rate_limit)
     if limit is not None and weight > limit.burst:
         raise InvalidInput(f"weight {weight:g} is above the burst {limit.burst:g} of rate limit "
@@ -180,8 +201,8 @@ def insert(machine, *, state=None, args=None, step=None, queue=None, priority=0,
         DuplicateInstance: the correlation key is occupied.
         InvalidInput: bad queue, priority, step, delay, naive datetime, scope or weight; a
             queue no one declares (GEN_DURABLE['QUEUES'], a registered machine's queue,
-            GEN_DURABLE['EXTRA_QUEUES']), naming the closest declared name. A refused call
-            writes nothing.
+            GEN_DURABLE['EXTRA_QUEUES']) or a rate_limit RATE_LIMITS lacks, naming the
+            closest declared name. A refused call writes nothing.
         SerializationError: state is not JSON or exceeds MAX_PAYLOAD_BYTES.
         UnknownMachine: an unregistered machine name.
     Inside `transaction.atomic()` the row and its wake-up become visible on commit.

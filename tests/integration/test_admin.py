@@ -148,7 +148,7 @@ def test_detail_pretty_prints_and_links_parent_children_lease_and_await(admin_cl
 def test_detail_says_what_governs_a_rows_limits_and_flags_an_unknown_rate_limit(admin_client, queue_name, settings):
     settings.GEN_DURABLE = {**settings.GEN_DURABLE, "RATE_LIMITS": {"crm": {"allowed": 10, "period": 1}},
                             "CONCURRENCY_LIMITS": {"pdf": {"limit": 4}}}
-    stalled = gd.insert(Plain, queue=queue_name, rate_limit=("stirpe", 7), concurrency_key="pdf:a")
+    stalled = InstanceFactory(fsm="tests.Plain", queue=queue_name, rate_limit="stirpe:7", concurrency_key="pdf:a").id
     page = admin_client.get(_change(stalled)).content.decode()
     assert "stirpe:7 <strong class=\"gd-warning\">not configured in GEN_DURABLE['RATE_LIMITS']" in page
     assert "pdf:a <span class=\"gd-note\">(gate pdf: at most 4 executing for “pdf”)</span>" in page

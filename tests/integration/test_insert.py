@@ -93,7 +93,8 @@ def test_schedule_in_is_computed_on_the_database_clock():
     assert eligible - now == dt.timedelta(seconds=90)
 
 
-def test_priority_and_weight_and_keys_are_stored():
+def test_priority_and_weight_and_keys_are_stored(settings):
+    settings.GEN_DURABLE = {**settings.GEN_DURABLE, "RATE_LIMITS": {"api": {"allowed": 10, "period": 1}}}
     id_ = gd.insert(Plain, priority=-5, concurrency_key=("gate", 7), rate_limit=("api", "t1"), weight=2.5)
     row = Instance.objects.get(id=id_)
     assert (row.priority, row.concurrency_key, row.rate_limit, row.weight) == (-5, "gate:7", "api:t1", 2.5)

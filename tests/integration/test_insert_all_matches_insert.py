@@ -22,6 +22,12 @@ import gen_durable as gd
 from gen_durable.models import Instance
 from tests.durable_app.durable import Counter, Plain, noop
 
+
+@pytest.fixture(autouse=True)
+def _rate_limit_rl(settings):
+    """The shapes name the rate limit "rl": insert refuses an unconfigured one."""
+    settings.GEN_DURABLE = {**settings.GEN_DURABLE, "RATE_LIMITS": {"rl": {"allowed": 1000, "period": 1}}}
+
 NY = ZoneInfo("America/New_York")
 AT = dt.datetime(2031, 5, 1, 12, 0, tzinfo=dt.timezone.utc)
 AT_NY = dt.datetime(2031, 5, 1, 8, 0, tzinfo=NY)  # the same instant as AT, another zone

@@ -65,7 +65,10 @@ def test_start_up_names_the_machines_and_warns_of_rows_nothing_will_run(committe
     # unconfigured rate limit must show at start-up, not only in `check --database`
     # (W006, W004).
     gd.insert(Counter, state={"target": 1}, queue=queue_name)
-    stray = gd.insert(Counter, state={"target": 1}, queue=f"{queue_name}-misspelt", rate_limit=f"{queue_name}-rl")
+    from tests.factories import InstanceFactory
+
+    stray = InstanceFactory(fsm="tests.Counter", state={"target": 1}, queue=f"{queue_name}-misspelt",
+                            rate_limit=f"{queue_name}-rl").id  # a rate limit no longer configured
     try:
         with caplog.at_level("INFO", "gen_durable"):
             call_command("rundurable", "--burst", "--queue", f"{queue_name}=1", "--no-gc", verbosity=1)
@@ -85,7 +88,10 @@ def test_burst_exits_past_a_row_that_names_an_unconfigured_rate_limit_and_says_s
         committed, keep_signal_handlers, queue_name, caplog):
     # Such a row is never admitted: waiting for it, --burst would never exit.
     done = gd.insert(Counter, state={"target": 1}, queue=queue_name)
-    stranded = gd.insert(Counter, state={"target": 1}, queue=queue_name, rate_limit=f"{queue_name}-nolimit")
+    from tests.factories import InstanceFactory
+
+    stranded = InstanceFactory(fsm="tests.Counter", state={"target": 1}, queue=queue_name,
+                               rate_limit=f"{queue_name}-nolimit").id  # a rate limit no longer configured
     try:
         with caplog.at_level("INFO", "gen_durable"), pytest.raises(CommandError) as exc:
             call_command("rundurable", "--burst", "--queue", f"{queue_name}=1", "--no-gc", verbosity=1)

@@ -60,6 +60,18 @@ def test_extra_queues_is_validated():
         assert check_extra_queues() == []
 
 
+@pytest.mark.django_db
+@override_settings(GEN_DURABLE=STRICT)
+def test_an_unconfigured_rate_limit_is_refused_naming_the_close_match_and_nothing_is_written():
+    before = table_counts()
+    with pytest.raises(gd.InvalidInput, match=r"rate_limit 'apj' is not configured; did you mean 'api'\?"):
+        gd.insert(Plain, rate_limit="apj")
+    with pytest.raises(gd.InvalidInput, match="rate_limit 'ghost' is not configured"):
+        gd.insert_all([gd.Spec(Plain), gd.Spec(Plain, rate_limit=("ghost", "user-1"))])
+    assert table_counts() == before
+    assert gd.insert(Plain, rate_limit=("api", "user-1"))
+
+
 def test_misspelt_class_options_raise_at_class_definition():
     with pytest.raises(gd.InvalidInput, match=r"J\.max_attempt is not a gen_durable option; did you mean 'max_attempts'"):
         class J(gd.Job):
