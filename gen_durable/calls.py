@@ -164,6 +164,9 @@ def build_row(machine, *, state=None, args=None, step=None, queue=None, priority
             raise InvalidInput(f"correlation_scope has unknown statuses {bad}; valid: {sorted(STATUSES)}")
     weight = weight_value(weight)
     rate_limit = key_string(rate_limit, "rate_limit")
+    if rate_limit is None and weight != 1:
+        raise InvalidInput(f"weight={weight:g} without a rate_limit: a weight is what a row costs its rate "
+                           "limit's bucket and does nothing without one")
     check_rate_limit(rate_limit)
     limit = get_limits().rate_for(rate_limit)
     if limit is not None and weight > limit.burst:
@@ -195,7 +198,8 @@ def insert(machine, *, state=None, args=None, step=None, queue=None, priority=0,
             or seconds ≥ 0 (float or timedelta) from the database's clock (docs/design.md#one-clock).
         correlation_key / correlation_scope: identity and its reserved statuses (docs/design.md#identity);
             scope default = live statuses; [] = no uniqueness and not addressable.
-        concurrency_key, rate_limit: None, "name" or (name, partition); weight > 0.
+        concurrency_key, rate_limit: None, "name" or (name, partition); weight > 0, other
+            than 1 only with a rate_limit.
         using: database alias.
     Raises:
         DuplicateInstance: the correlation key is occupied.

@@ -245,14 +245,15 @@ def test_async_twins():
     assert Instance.objects.filter(id__in=ids).count() == 2
 
 
-def test_insert_all_stores_each_rows_values_whether_a_column_varies_or_repeats():
+def test_insert_all_stores_each_rows_values_whether_a_column_varies_or_repeats(settings):
+    settings.GEN_DURABLE = {**settings.GEN_DURABLE, "RATE_LIMITS": {"rl": {"allowed": 10, "period": 1}}}
     # A column whose rows all hold one value travels as that value, a varying one as an
     # array (db.batch_column): both must land on every row as given.
     at = dt.datetime(2031, 5, 6, 7, 8, 9, tzinfo=dt.timezone.utc)
     varied = [
         gd.Spec(Plain, state={"i": 0}, queue="qa", priority=3, eligible_at=at, concurrency_key="c0",
-                weight=2, correlation_key="v0", correlation_scope=["runnable"]),
-        gd.Spec(Plain, state={"i": 1}, queue="qb", priority=-1, schedule_in=3600, weight=1.5),
+                rate_limit="rl", weight=2, correlation_key="v0", correlation_scope=["runnable"]),
+        gd.Spec(Plain, state={"i": 1}, queue="qb", priority=-1, schedule_in=3600, rate_limit="rl", weight=1.5),
         gd.Spec(noop, args={"i": 2}, queue="qa", priority=3, concurrency_key=("c", 7),
                 correlation_key="v2"),
     ]

@@ -42,7 +42,7 @@ SHARED = [
     {"eligible_at": FOLD1}, {"schedule_at": AT, "schedule_in": 5},
     {"concurrency_key": "ck"}, {"concurrency_key": ("ck", 1)}, {"concurrency_key": ("ck", 1.0)},
     {"concurrency_key": ("ck", "1")}, {"rate_limit": "rl"}, {"rate_limit": ("rl", "p1")},
-    {"rate_limit": ("rl", 2), "weight": 3}, {"weight": 2}, {"weight": 2.5}, {"weight": 1.0},
+    {"rate_limit": ("rl", 2), "weight": 3}, {"rate_limit": "rl", "weight": 2}, {"rate_limit": "rl", "weight": 2.5}, {"weight": 1.0},
     {"correlation_scope": []}, {"correlation_scope": ["done"]}, {"correlation_scope": ["runnable"]},
     {"correlation_scope": ("runnable", "done", "failed")}, {"correlation_scope": ["executing"]},
     {"correlation_scope": ["runnable", "executing", "awaiting_signal", "awaiting_children"]},

@@ -72,7 +72,7 @@ def test_columns_one_outcome_sets_are_kept_in_a_batch_where_the_others_leave_the
     jobs = claim(queue_name)
     result = flush([
         entry(gd.Retry(delay=30), jobs[a.id]),
-        entry(gd.Next("second", concurrency_key="acct:7", weight=2), jobs[b.id]),
+        entry(gd.Next("second", concurrency_key="acct:7", rate_limit="r", weight=2), jobs[b.id]),
         entry(gd.Next("second"), jobs[c.id]),
     ])
     assert result.committed == {a.id: "runnable", b.id: "runnable", c.id: "runnable"}

@@ -68,8 +68,13 @@ def test_an_unconfigured_rate_limit_is_refused_naming_the_close_match_and_nothin
         gd.insert(Plain, rate_limit="apj")
     with pytest.raises(gd.InvalidInput, match="rate_limit 'ghost' is not configured"):
         gd.insert_all([gd.Spec(Plain), gd.Spec(Plain, rate_limit=("ghost", "user-1"))])
+    with pytest.raises(gd.InvalidInput, match="weight=2 without a rate_limit"):
+        gd.insert(Plain, weight=2)
+    with pytest.raises(gd.InvalidInput, match="Next weight=3 without a rate_limit"):
+        gd.Next("start", weight=3)
     assert table_counts() == before
-    assert gd.insert(Plain, rate_limit=("api", "user-1"))
+    assert gd.insert(Plain, rate_limit=("api", "user-1"), weight=2)
+    assert gd.Next("start", rate_limit="api", weight=3).weight == 3.0
 
 
 def test_misspelt_class_options_raise_at_class_definition():
