@@ -17,6 +17,7 @@ from .exceptions import (
     NotRetryable,
     SerializationError,
     StepTimeout,
+    TransactionLeftOpen,
     UncommittedInstance,
     UnknownMachine,
 )
@@ -28,7 +29,7 @@ from .producer import Producer, flush_async, insert_async
 __all__ = [
     "Await", "Cancel", "Child", "Context", "Done", "DuplicateInstance", "Error", "GenDurableError",
     "InvalidInput", "InvalidOutcome", "Job", "Machine", "Next", "NoTarget", "NotMigrated", "NotRetryable", "Retry",
-    "ScheduleChildren", "SerializationError", "Spec", "StepTimeout", "Stop", "UncommittedInstance", "UnknownMachine",
+    "ScheduleChildren", "SerializationError", "Spec", "StepTimeout", "Stop", "TransactionLeftOpen", "UncommittedInstance", "UnknownMachine",
     "Result", "Snapshot", "aawait_result", "acancel", "aget", "ainsert", "ainsert_all", "asignal",
     "await_result", "cancel", "get", "insert", "insert_all", "job", "signal", "step",
     "apause_queue", "apaused_queues", "aresume_queue", "aretry", "pause_queue", "paused_queues",

@@ -33,6 +33,65 @@ def resolve_machine(machine) -> type:
     raise InvalidInput(f"expected a gen_durable Machine or Job class (or its registered name), got {machine!r}")
 
 
+_known_cache: list = [None, None]  # [(settings, registry size), (names, patterns)]
+
+
+def declared_queues() -> tuple[frozenset, tuple]:
+    """(names, fnmatch patterns) of the queues a call may name: the keys of
+    GEN_DURABLE['QUEUES'], every registered machine's queue, and GEN_DURABLE['EXTRA_QUEUES']
+    (queues other deployments serve; an entry with * ? [ is a pattern)."""
+    s = get_settings()
+    n = len(registry._machines)
+    cached = _known_cache[0]
+    if cached is None or cached[0] is not s or cached[1] != n:  # the settings object itself: reset by setting_changed
+        key = (s, n)
+        extra = s.EXTRA_QUEUES if isinstance(s.EXTRA_QUEUES, (list, tuple, set, frozenset)) else ()
+        extra = [e for e in extra if isinstance(e, str) and e]
+        names = set(s.QUEUES) if isinstance(s.QUEUES, dict) else set()
+        names.update(cls.queue for cls in registry.all_machines().values())
+        names.update(e for e in extra if not any(c in e for c in "*?["))
+        patterns = tuple(e for e in extra if any(c in e for c in "*?["))
+        _known_cache[:] = [key, (frozenset(names), patterns)]
+    return _known_cache[1]
+
+
+def check_queue(name: str) -> None:
+    """Raise InvalidInput naming the closest declared queue when no one declares `name`
+    (a typo would otherwise be a backlog no worker ever runs; docs/guide.md, "Queues")."""
+    import fnmatch
+
+    names, patterns = declared_queues()
+    if name in names or any(fnmatch.fnmatchcase(name, p) for p in patterns):
+        return
+    import difflib
+
+    close = difflib.get_close_matches(name, sorted(names), n=1)
+    raise InvalidInput(
+        f"queue {name!r} is not declared" + (f"; did you mean {close[0]!r}?" if close else "")
+        + f" Declared queues: {', '.join(sorted(names))} (the keys of GEN_DURABLE['QUEUES'] and the registered "
+        "machines' queues); a queue another deployment's workers serve goes in GEN_DURABLE['EXTRA_QUEUES'].")
+
+
+def check_rate_limit(rate_limit: str | None) -> None:
+    """Raise InvalidInput, naming the closest configured one, when `rate_limit`'s name
+    (before the first ':') is not in GEN_DURABLE['RATE_LIMITS']: the row would never be
+    admitted."""
+    if rate_limit is None or get_limits().rate_for(rate_limit) is not None:
+        return
+    import difflib
+
+    from .limiter.config import name_of
+
+    rates = get_settings().RATE_LIMITS
+    configured = sorted(rates) if isinstance(rates, dict) else []
+    name = name_of(rate_limit)
+    close = difflib.get_close_matches(name, configured, n=1)
+    raise InvalidInput(
+        f"rate_limit {name!r} is not configured" + (f"; did you mean {close[0]!r}?" if close else "")
+        + f" GEN_DURABLE['RATE_LIMITS'] has {', '.join(configured) or 'none'}: a row naming an unconfigured "
+        "rate limit would never be admitted.")
+
+
 def _aware(value, what):
     if value is None:
         return None
@@ -85,6 +144,7 @@ def build_row(machine, *, state=None, args=None, step=None, queue=None, priority
     if not isinstance(queue, str) or not queue.strip():
         raise InvalidInput(f"queue must be a non-empty string, got {queue!r}")
     text(queue, "queue")
+    check_queue(queue)
     if isinstance(priority, bool) or not isinstance(priority, int) or not SMALLINT[0] <= priority <= SMALLINT[1]:
         raise InvalidInput(f"priority must be an int in [{SMALLINT[0]}, {SMALLINT[1]}] (lower runs first), got {priority!r}")
     priority = int(priority)  # an IntEnum renders as its name otherwise
@@ -103,6 +163,10 @@ def build_row(machine, *, state=None, args=None, step=None, queue=None, priority
             raise InvalidInput(f"correlation_scope has unknown statuses {bad}; valid: {sorted(STATUSES)}")
     weight = weight_value(weight)
     rate_limit = key_string(rate_limit, "rate_limit")
+    if rate_limit is None and weight != 1:
+        raise InvalidInput(f"weight={weight:g} without a rate_limit: a weight is what a row costs its rate "
+                           "limit's bucket and does nothing without one")
+    check_rate_limit(rate_limit)
     limit = get_limits().rate_for(rate_limit)
     if limit is not None and weight > limit.burst:
         raise InvalidInput(f"weight {weight:g} is above the burst {limit.burst:g} of rate limit "
@@ -133,12 +197,16 @@ def insert(machine, *, state=None, args=None, step=None, queue=None, priority=0,
             or seconds ≥ 0 (float or timedelta) from the database's clock (docs/design.md#one-clock).
         correlation_key / correlation_scope: identity and its reserved statuses (docs/design.md#identity);
             scope default = live statuses; [] = no uniqueness and not addressable.
-        concurrency_key, rate_limit: None, "name" or (name, partition); weight > 0.
+        concurrency_key, rate_limit: None, "name" or (name, partition); weight > 0, other
+            than 1 only with a rate_limit.
         using: database alias; default: the alias GEN_DURABLE['DATABASES'] routes the
             machine or its queue to, else GEN_DURABLE['DATABASE'] (docs/scaling.md).
     Raises:
         DuplicateInstance: the correlation key is occupied.
-        InvalidInput: bad queue, priority, step, delay, naive datetime, scope or weight.
+        InvalidInput: bad queue, priority, step, delay, naive datetime, scope or weight; a
+            queue no one declares (GEN_DURABLE['QUEUES'], a registered machine's queue,
+            GEN_DURABLE['EXTRA_QUEUES']) or a rate_limit RATE_LIMITS lacks, naming the
+            closest declared name. A refused call writes nothing.
         SerializationError: state is not JSON or exceeds MAX_PAYLOAD_BYTES.
         UnknownMachine: an unregistered machine name.
     Inside `transaction.atomic()` the row and its wake-up become visible on commit.
@@ -434,8 +502,10 @@ acancel = sync_to_async(cancel)
 acancel.__doc__ = "Async twin of `cancel`."
 
 
-def retry(target, *, using=None) -> int:
-    """Make instance `target` (id or live correlation key) runnable at its current step now.
+def retry(target, *, step: str | None = None, using=None) -> int:
+    """Make instance `target` (id or live correlation key) runnable at its current step now
+    (or at `step`: resume a failed instance at a chosen step with its committed state —
+    a step renamed or removed since it failed, a step to redo; docs/guide.md, "Deploying").
 
     Retries a `failed` instance, wakes one parked `awaiting_signal` (as its Await timeout
     would: `ctx.awaited` holds the matching inbox signals, possibly none), and makes a
@@ -454,7 +524,10 @@ def retry(target, *, using=None) -> int:
         NoTarget: no such instance.
         NotRetryable: it is done, executing, or awaiting its children.
         DuplicateInstance: it failed and another live instance now holds its correlation key.
-        InvalidInput: `target` is neither an int nor a str.
+        InvalidInput: `target` is neither an int nor a str; `step` is not a step of the
+            row's machine (naming the close match; nothing is written).
+        UnknownMachine: with `step`, this process does not know the row's machine/version.
+    With `step`: 2 statements (the row's machine is read first, to check the step).
     """
     from django.db import IntegrityError, transaction
 
@@ -462,6 +535,21 @@ def retry(target, *, using=None) -> int:
     from .results import target_params
 
     params = target_params(target)
+    params["step"] = None
+    if step is not None:
+        text(step, "step")
+        found = db.fetchone(sql.GET, params, using)
+        if found is None:
+            raise NoTarget(target)
+        cls = registry.get(found[1], found[2])
+        if step not in cls.steps:
+            import difflib
+
+            close = difflib.get_close_matches(step, sorted(cls.steps), n=1)
+            raise InvalidInput(f"{cls.name} v{cls.version} has no step {step!r}"
+                               + (f"; did you mean {close[0]!r}?" if close else "")
+                               + f" Its steps: {', '.join(sorted(cls.steps))}")
+        params["step"] = step
     try:
         with transaction.atomic(using=db.connection(using).alias):
             row = db.fetchone(sql.RETRY, params, using)
@@ -487,9 +575,11 @@ def pause_queue(name: str, *, using=None) -> bool:
     The pause is a row in `gen_durable_queue_pauses`: it survives restarts. Inserting,
     signalling and cancelling keep working. Statements: 1.
     Returns True when the queue was not paused before. Raises InvalidInput for a name
-    that is not a non-empty string.
+    that is not a non-empty string, or that no one declares (see `insert`'s queue;
+    nothing is written).
     """
     _queue_name(name)
+    check_queue(name)
     return db.fetchone(sql.PAUSE_QUEUE, {"queue": name}, using) is not None
 
 

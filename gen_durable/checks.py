@@ -88,6 +88,31 @@ def check_queues(app_configs=None, **kwargs):
 
 
 @register(Tags.compatibility)
+def check_extra_queues(app_configs=None, **kwargs):
+    """E062: EXTRA_QUEUES must be a list of non-empty queue names or fnmatch patterns.
+
+    W062: an entry that is also a key of QUEUES (this deployment runs it: not extra)."""
+    s = get_settings()
+    extra = s.EXTRA_QUEUES
+    hint = ('Queues other deployments serve, which insert/pause_queue accept: for example ["reports", '
+            '"tenant-*"] ("*" accepts any name).')
+    if isinstance(extra, str) or not isinstance(extra, (list, tuple, set, frozenset)):
+        return [Error(f"GEN_DURABLE['EXTRA_QUEUES'] must be a list of queue names, got {extra!r}.", hint=hint,
+                      id=ID + "E062")]
+    out = []
+    queues = s.QUEUES if isinstance(s.QUEUES, dict) else {}
+    for entry in extra:
+        if not isinstance(entry, str) or not entry.strip() or "\x00" in entry:
+            out.append(Error(f"GEN_DURABLE['EXTRA_QUEUES'] has an invalid entry {entry!r}.", hint=hint,
+                             id=ID + "E062"))
+        elif entry in queues:
+            out.append(Warning(f"GEN_DURABLE['EXTRA_QUEUES'] names {entry!r}, a key of QUEUES.",
+                               hint="EXTRA_QUEUES is for queues this deployment's workers do not run; remove it.",
+                               id=ID + "W062"))
+    return out
+
+
+@register(Tags.compatibility)
 def check_timings(app_configs=None, **kwargs):
     """E003: durations must be numbers of seconds; E030: a heartbeat that cannot keep a
     lease alive; W001: heartbeat × 3 > lease."""
@@ -640,3 +665,59 @@ def check_database_routes(app_configs=None, **kwargs):
                                       "Machine names are registered names such as 'app.Machine'.",
                                       id=ID + "W090"))
     return errors
+
+
+def live_versions(using=None) -> list[dict]:
+    """Live rows per (machine, version, step, status): `fsm`, `version`, `step`, `status`,
+    `count`, `example` (an id), `handed_back` (rows a worker that did not know them handed
+    back), `known` (whether this process's registry runs them). Statements: 1 (it reads
+    every live row). Raises DatabaseError."""
+    from . import db, registry, sql
+
+    return [{"fsm": fsm, "version": version, "step": step, "status": status, "count": n, "example": example,
+             "handed_back": back, "known": registry.knows(fsm, version, step)}
+            for fsm, version, step, status, n, example, back in db.fetchall(sql.LIVE_VERSIONS, None, using)]
+
+
+def unknown_rows_text(row) -> str:
+    """What of a live_versions() row no registered class has, in words."""
+    from . import registry
+
+    versions = sorted(v for (n, v) in registry.all_machines() if n == row["fsm"])
+    if not versions:
+        return f"no registered machine is named {row['fsm']!r}"
+    if row["version"] not in versions:
+        return f"{row['fsm']} has versions {', '.join(f'v{v}' for v in versions)} here, not v{row['version']}"
+    steps = sorted(registry.step_names(registry.get(row["fsm"], row["version"])))
+    close = difflib.get_close_matches(row["step"], steps, n=1)
+    return (f"{row['fsm']} v{row['version']} has no step {row['step']!r} (steps: {', '.join(steps)}"
+            + (f"; renamed from {row['step']!r} to {close[0]!r}? declare step_aliases" if close else "") + ")")
+
+
+@register(Tags.database)
+def check_unknown_machines(app_configs=None, databases=None, **kwargs):
+    """W060: live rows whose machine, version or step no registered class has.
+
+    A worker of this release never runs them: it hands them back untouched
+    (docs/guide.md, "Deploying"). Expected for a moment during a rolling deploy; left
+    over after it, they are a removed machine, version or step. Reads every live row."""
+    alias = get_settings().DATABASE
+    if not databases or alias not in databases:
+        return []
+    from django.db import DatabaseError
+
+    try:
+        rows = [r for r in live_versions() if not r["known"]]
+    except DatabaseError:  # not migrated yet, or no server: other checks report that
+        return []
+    out = []
+    for r in rows:
+        out.append(Warning(
+            f"{r['count']:,} {r['status']} row{'s' if r['count'] != 1 else ''} of {r['fsm']} v{r['version']} at "
+            f"step {r['step']!r} (e.g. id {r['example']}): {unknown_rows_text(r)}.",
+            hint="Workers of this release hand them back untouched for a worker that knows them. Keep the "
+                 "old class (or version, or an alias of the step) until they drained, or retry them at a "
+                 "step this release has (gd.retry(id, step=...)); `manage.py durable_versions` lists "
+                 "live rows per machine/version/step (docs/guide.md, \"Deploying\").",
+            id=ID + "W060"))
+    return out

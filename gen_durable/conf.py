@@ -22,6 +22,10 @@ DEFAULTS: dict[str, Any] = {
     # anything unrouted lives on DATABASE (docs/scaling.md).
     "DATABASES": {},
     "QUEUES": {"default": 10},
+    # Queues this deployment's workers do not run but other deployments do: insert and
+    # pause_queue accept them (names, or fnmatch patterns such as "tenant-*"; "*" accepts
+    # any name). Every other queue must be a key of QUEUES or a registered machine's queue.
+    "EXTRA_QUEUES": (),
     "RATE_LIMITS": {},
     "CONCURRENCY_LIMITS": {},
     "LIMITER": "postgres",
@@ -75,6 +79,7 @@ class Settings:
     DATABASE: str
     DATABASES: dict
     QUEUES: dict
+    EXTRA_QUEUES: Any
     RATE_LIMITS: dict
     CONCURRENCY_LIMITS: dict
     LIMITER: Any

@@ -23,7 +23,13 @@ class NoTarget(GenDurableError, LookupError):
 
     def __init__(self, target):
         self.target = target
-        super().__init__(f"no live gen_durable instance {target!r}")
+        hint = ""
+        if isinstance(target, str) and target.strip().isdigit():
+            # The rule: an int is an id, a str is always a correlation key — "337" read
+            # from a URL never silently becomes id 337 (docs/guide.md, "Addressing").
+            hint = (f"; a str target is always a correlation key — to address instance {target.strip()} "
+                    f"by id pass an int: int({target!r})")
+        super().__init__(f"no live gen_durable instance {target!r}{hint}")
 
 
 class UnknownMachine(GenDurableError, LookupError):

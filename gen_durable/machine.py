@@ -16,7 +16,7 @@ from typing import Any, ClassVar, NamedTuple
 
 from . import registry
 from .exceptions import InvalidInput
-from .outcomes import MAX_DELAY, Cancel, Done, Error, Retry, Stop, describe, seconds
+from .outcomes import MAX_DELAY, Await, Cancel, Done, Error, Next, Retry, ScheduleChildren, Stop, describe, seconds
 
 MAX_BACKOFF = 300.0  # seconds: the default backoff's cap (docs/guide.md)
 
@@ -46,6 +46,47 @@ def step(fn=None, *, timeout=None):
         return fn
 
     return mark(fn) if fn is not None else mark
+
+
+# Class attributes gen_durable reads (or defines) on a Machine / Job. A class attribute
+# close to one of them but not one (max_attempt, timout) is a typo that would be ignored.
+MACHINE_OPTIONS = frozenset({"abstract", "name", "version", "queue", "initial", "inline_execution",
+                             "max_attempts", "State", "timeout", "step_aliases", "schedule", "steps",
+                             "timeouts", "handle", "insert", "ainsert"})
+JOB_OPTIONS = MACHINE_OPTIONS | {"perform", "backoff", "func"}
+
+
+def _check_option_names(cls) -> None:
+    """Raise InvalidInput for a class attribute that looks like a misspelt option
+    (as Django does for an unknown Meta option), naming the option."""
+    import difflib
+
+    job_base = globals().get("Job")  # None while Job itself is being defined
+    options = JOB_OPTIONS if job_base is None or issubclass(cls, job_base) else MACHINE_OPTIONS
+    for attr, value in vars(cls).items():
+        if attr.startswith("_") or attr in options or getattr(value, "_gd_step", False):
+            continue
+        close = difflib.get_close_matches(attr, options, n=1, cutoff=0.85)
+        if close:
+            raise InvalidInput(f"{cls.__qualname__}.{attr} is not a gen_durable option; did you mean "
+                               f"{close[0]!r}? (an unknown name would be silently ignored; rename the "
+                               "attribute if it is your own)")
+
+
+def _check_aliases(cls) -> dict:
+    aliases = cls.step_aliases
+    if not isinstance(aliases, dict):
+        raise InvalidInput(f"{cls.__qualname__}.step_aliases must be a dict of old step name -> step, "
+                           f"got {aliases!r}")
+    for old, new in aliases.items():
+        if not isinstance(old, str) or not old:
+            raise InvalidInput(f"{cls.__qualname__}.step_aliases has an invalid old step name {old!r}")
+        if old in cls.steps:
+            raise InvalidInput(f"{cls.__qualname__}.step_aliases renames {old!r}, which is still a step")
+        if new not in cls.steps:
+            raise InvalidInput(f"{cls.__qualname__}.step_aliases maps {old!r} to {new!r}, which is not a step; "
+                               f"steps are {sorted(cls.steps)}")
+    return dict(aliases)
 
 
 class Signal(NamedTuple):
@@ -113,11 +154,17 @@ class Machine:
     # count alike); None: no limit. Jobs default to 20.
     max_attempts: ClassVar[int | None] = None
     State: ClassVar[Any] = None
+    # Seconds each step may run when its @gd.step sets no timeout (None: MAX_STEP_SECONDS).
+    timeout: ClassVar[float | None] = None
+    # Old step name -> the step that now runs rows parked under it (a renamed step:
+    # docs/guide.md, "Deploying").
+    step_aliases: ClassVar[dict] = {}
     steps: ClassVar[dict] = {}
     timeouts: ClassVar[dict] = {}  # step name -> seconds or None (see @step)
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
+        _check_option_names(cls)
         if cls.__dict__.get("abstract", False):
             return
         if "name" not in cls.__dict__ or not cls.__dict__["name"]:
@@ -134,8 +181,14 @@ class Machine:
             raise InvalidInput(f"{cls.__qualname__}.queue must be a non-empty string")
         if cls.__dict__.get("schedule") is not None:
             cls._check_schedule()
+        if not issubclass(cls, globals()["Job"]):
+            cls.timeout = check_timeout(cls.timeout, f"{cls.__qualname__}.timeout")
         cls.steps = cls._collect_steps()
         cls.timeouts = cls._collect_timeouts()
+        cls.step_aliases = _check_aliases(cls)
+        for old, new in cls.step_aliases.items():
+            cls.steps[old] = cls.steps[new]
+            cls.timeouts[old] = cls.timeouts.get(new)
         if cls.initial not in cls.steps:
             raise InvalidInput(
                 f"{cls.__qualname__}.initial is {cls.initial!r} but its steps are {sorted(cls.steps)}; "
@@ -178,7 +231,9 @@ class Machine:
 
     @classmethod
     def _collect_timeouts(cls) -> dict:
-        return {name: getattr(getattr(cls, attr), "_gd_timeout", None) for name, attr in cls.steps.items()}
+        # A step's own @gd.step(timeout=) wins; else the machine's `timeout`.
+        own = {name: getattr(getattr(cls, attr), "_gd_timeout", None) for name, attr in cls.steps.items()}
+        return {name: cls.timeout if t is None else t for name, t in own.items()}
 
     def handle(self, error: BaseException, ctx: Context):
         """Turn an exception raised by a step into an outcome. Default: Stop(repr(error))
@@ -255,6 +310,11 @@ class Job(Machine):
         return self._outcome(value, ctx)
 
     def _outcome(self, value, ctx):
+        if isinstance(value, (Next, Await, ScheduleChildren)):
+            # A programming error no retry fixes: fail with what to do instead.
+            return Stop(f"{type(self).name}: perform returned gd.{type(value).__name__}, a Machine step's outcome; "
+                        "a Job's perform returns its result (stored, done), gd.Error(reason) to retry or "
+                        "gd.Cancel(reason) to fail — make it a gd.Machine to go through steps")
         if isinstance(value, Error):
             return self._retry_or_stop(value.reason, ctx)
         if isinstance(value, Cancel):

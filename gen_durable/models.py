@@ -17,6 +17,8 @@ Indexes on `gen_durable` (see sql/*.sql for the statements):
   gen_durable_correlation  UNIQUE (correlation_guard) WHERE correlation_guard IS NOT NULL  insert dedup, signal by key
   gen_durable_parent       (parent_id) WHERE parent_id IS NOT NULL                    load_children.sql
   gen_durable_gc           (updated_at) WHERE status IN ('done', 'failed')            gc_select.sql
+  gen_durable_unknown      (queue, fsm, fsm_version) WHERE unknown_since IS NOT NULL
+                           AND status = 'runnable'                                   adopt_known.sql (migration 0008)
 """
 
 from django.db import models
@@ -81,6 +83,9 @@ class Instance(models.Model):
     # One record per finished attempt ({"worker_id", "started_at", "error"}) for rows
     # that keep one (Django tasks, gen_durable/tasks.py); NULL otherwise.
     attempt_log = models.JSONField(null=True, blank=True, editable=False)
+    # Set when a worker that did not know this row's machine, version or step handed it
+    # back (a rolling deploy): it waits for a worker that knows it (migration 0008).
+    unknown_since = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta:
         db_table = "gen_durable"

@@ -137,7 +137,8 @@ class Next:
     """Go to `step`; status runnable, attempt 0 (docs/guide.md).
 
     rate_limit: None, "name" or (name, partition) for the next step (docs/design.md#rate-limits).
-    weight: tokens the next step takes, > 0.
+    weight: tokens the next step takes, > 0; other than 1 only with a rate_limit
+        (InvalidInput otherwise: it would do nothing).
     concurrency_key: KEEP (default), None (release) or a new key (docs/design.md#concurrency-keys).
     inline: None (the machine's `inline_execution`), True or False: run the next step
         at once in the same worker, after this transition commits (docs/guide.md).
@@ -162,6 +163,10 @@ class Next:
         weight = self.weight
         if type(weight) is not float or not 0.0 < weight < math.inf:  # NaN fails the comparison too
             object.__setattr__(self, "weight", weight_value(weight, "Next weight"))
+        if self.rate_limit is None and self.weight != 1.0:
+            raise InvalidInput(f"Next weight={self.weight:g} without a rate_limit: a weight is what the next "
+                               "step costs its rate limit's bucket and does nothing without one")
+
         if self.inline is not None and not isinstance(self.inline, bool):
             raise InvalidInput(f"Next inline must be None (the machine's inline_execution), True or False, "
                                f"got {self.inline!r}")
@@ -243,7 +248,20 @@ def _check_keywords(kwargs):
                            else f"insert keywords: {', '.join(sorted(INSERT_KEYWORDS))}"))
 
 
-Child = Spec
+class Child(Spec):
+    """One child to insert with ScheduleChildren: `Child(Machine, **insert_kwargs)`.
+
+    Raises TypeError where it is written for a keyword `gd.insert` does not take, and for
+    `using`: children are inserted in their parent's database, in the flush that parks it.
+    """
+
+    __slots__ = ()
+
+    def __init__(self, machine, **kwargs):
+        if "using" in kwargs:
+            raise TypeError("gd.Child() takes no using=: a child is inserted in its parent's database, in the "
+                            "same transaction as the parent's park")
+        super().__init__(machine, **kwargs)
 
 
 @dataclass(frozen=True)

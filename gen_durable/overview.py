@@ -13,6 +13,9 @@ size of the table (docs/admin.md lists them with their plans):
 - workers: the worker registry and the executing rows per claimant (`locked_by`);
 - schedules: the configured cron schedules, next run and last run (gen_durable_schedules,
   by primary key; nothing is read when none is configured);
+- waiting for a release: rows a worker that did not know their machine, version or step
+  handed back (a rolling deploy, docs/guide.md "Deploying"), per machine/version/step
+  (gen_durable_unknown, which holds only them; nothing shown when there are none);
 - completions: rows finished per minute over the last hour (gen_durable_gc, index only),
   drawn as a server-rendered SVG bar chart.
 """
@@ -166,7 +169,26 @@ def schedules_section(using=None) -> dict:
             "schedules": overview(using)}
 
 
-SECTIONS = [queues_section, workers_section, schedules_section, completions_section]
+def unknown_waiting(using=None) -> list[dict]:
+    """Rows handed back by a worker that did not know them (sql/unknown_waiting.sql), one
+    dict per (queue, machine, version, step): count, an example id, since when, and
+    whether this process's registry knows them (else no registered class has them)."""
+    out = []
+    for queue, fsm, version, step, n, example, since in db.fetchall(sql.UNKNOWN_WAITING, None, using):
+        out.append({"queue": queue, "fsm": fsm, "version": version, "step": step, "count": n,
+                    "example": example, "since": since, "known_here": registry.knows(fsm, version, step)})
+    return out
+
+
+def unknown_section(using=None) -> dict | None:
+    rows = unknown_waiting(using)
+    if not rows:
+        return None
+    return {"template": "admin/gen_durable/overview/unknown.html", "title": "Waiting for a worker that knows them",
+            "rows": rows}
+
+
+SECTIONS = [unknown_section, queues_section, workers_section, schedules_section, completions_section]
 
 
 def build(using=None) -> list[dict]:

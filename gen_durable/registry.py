@@ -15,6 +15,7 @@ from .exceptions import UnknownMachine
 
 _lock = threading.Lock()
 _machines: dict[tuple[str, int], type] = {}
+_known: tuple | None = None  # (fsms, versions, steps) of every registered step, rebuilt on register
 
 
 def register(cls) -> None:
@@ -30,6 +31,8 @@ def register(cls) -> None:
                     "give one a distinct `name` or `version`"
                 )
         _machines[key] = cls
+        global _known
+        _known = None
 
 
 def get(name: str, version: int = 1):
@@ -73,3 +76,29 @@ ASYNC_QUEUE_THREADS = 1
 def step_threads(queue: str, concurrency: int) -> int:
     """Most step threads (each may hold a database connection) a queue of `concurrency` starts."""
     return min(concurrency, ASYNC_QUEUE_THREADS) if async_only(queue) else concurrency
+
+
+def step_names(cls) -> set:
+    """The step names a row of `cls` may be parked under: its steps and their aliases."""
+    return set(cls.steps) | set(getattr(cls, "step_aliases", {}) or {})
+
+
+def knows(name: str, version: int, step: str) -> bool:
+    """Whether this process can run a row of (name, version) parked at `step`.
+
+    False during a rolling deploy for a row only the other release defines: such a row
+    is handed back untouched, never failed (docs/guide.md, "Deploying")."""
+    cls = _machines.get((name, version))
+    return cls is not None and (step in cls.steps or step in (getattr(cls, "step_aliases", None) or ()))
+
+
+def known_steps() -> tuple[list, list, list]:
+    """Every (name, version, step) this process runs, as three parallel lists (the
+    columns of sql/adopt_known.sql)."""
+    global _known
+    known = _known
+    if known is None:
+        rows = sorted((name, version, step) for (name, version), cls in list(_machines.items())
+                      for step in step_names(cls))
+        known = _known = ([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows])
+    return known

@@ -39,6 +39,8 @@ never breaks the engine. `duration` measurements are seconds (float).
 | rate_limit.contended   | count                                     | queue                 |
 | rate_limit.unknown     | count                                     | key, name, fsm, step  |
 | limiter.unavailable    | count (rows that wait)                    | queue, backend        |
+| pick.unknown           | count (rows handed back)                  | queue                 |
+| scheduler.adopted      | count                                     | queue                 |
 
 `step.start` and `step.stop` of one step are emitted in the same thread (the one that
 runs it); `error` is the recorded error text of a retry or stop (None otherwise).
@@ -56,6 +58,10 @@ fenced an admission that retried; `rate_limit.unknown` when a Next names, or the
 meets, a rate limit that is not configured (key, name, fsm, step); `limiter.unavailable`
 when the Redis limiter cannot be reached: the pick's rows with limits wait (deferred
 1 s) and the others run.
+
+Deploy events: `pick.unknown` when a pick claimed rows of a machine, version or step
+this process does not know and handed them back untouched; `scheduler.adopted` when a
+worker that knows such rows made them eligible again (docs/guide.md, "Deploying").
 """
 
 from __future__ import annotations
@@ -74,6 +80,7 @@ EVENTS = (
     "producer.flush", "producer.error",
     "rate_limit.throttled",
     "rate_limit.contended", "rate_limit.unknown", "limiter.unavailable",
+    "pick.unknown", "scheduler.adopted",
 )
 
 _lock = threading.Lock()

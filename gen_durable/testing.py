@@ -14,7 +14,7 @@ from collections import Counter
 
 from . import db, sql
 from .conf import get_settings
-from .worker.claims import pick
+from .worker.claims import adopt_known, pick
 from .worker.executor import execute
 from .worker.flusher import flush
 
@@ -24,7 +24,7 @@ _QUEUES_DUE = (
 )
 _COLLAPSE = (
     "UPDATE gen_durable SET eligible_at = now() WHERE status = 'runnable' AND eligible_at > now() "
-    "AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)"
+    "AND unknown_since IS NULL AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)"
 )
 
 KIND_NAMES = {"next": "next", "retry": "retry", "await": "await", "schedule": "schedule_children",
@@ -45,6 +45,8 @@ def drain(queue: str | None = None, *, with_scheduled: bool = True, max_steps: i
         max_steps: raise DrainLimitExceeded instead of running more steps than this.
     Returns: Counter with "steps" and one key per outcome kind (next, retry, await,
         schedule_children, done, stop), plus "stale" for outcomes that lost their claim.
+    A row whose machine, version or step this process does not know is handed back
+    untouched, as by a worker (docs/guide.md, "Deploying"), and not counted.
     """
     tally: Counter = Counter()
     worker = f"drain:{uuid.uuid4().hex[:8]}"
@@ -54,6 +56,11 @@ def drain(queue: str | None = None, *, with_scheduled: bool = True, max_steps: i
     limiter = get_limiter(using)
     gates = limiter.gate_names()
     while True:
+        # Rows a worker that did not know them handed back (docs/guide.md, "Deploying"):
+        # runnable again when this process knows them, as a worker's scheduler does.
+        for q in sorted({r[0] for r in db.fetchall(sql.UNKNOWN_WAITING, {}, using)}):
+            if queue is None or q == queue:
+                adopt_known(q, 1_000_000, using)
         if with_scheduled:
             db.execute(_COLLAPSE, {"queue": queue}, using)
         queues = [r[0] for r in db.fetchall(_QUEUES_DUE, {"queue": queue}, using)]

@@ -40,3 +40,12 @@ class SignalFactory(DjangoModelFactory):
     target = factory.SubFactory(InstanceFactory)
     name = "go"
     payload = factory.LazyFunction(dict)
+
+
+class HandedBackFactory(InstanceFactory):
+    """A row a worker that did not know its machine, version or step handed back
+    (sql/hand_back.sql): runnable, out of the pick's range, marked unknown_since."""
+
+    unknown_since = factory.LazyFunction(lambda: __import__("django.utils.timezone", fromlist=["now"]).now())
+    eligible_at = factory.LazyFunction(lambda: __import__("datetime").datetime(9999, 1, 1,
+                                                                               tzinfo=__import__("datetime").timezone.utc))

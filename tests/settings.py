@@ -38,6 +38,9 @@ STATIC_URL = "static/"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 GEN_DURABLE = {
     "QUEUES": {"default": 4},
+    # The suite's per-test queues (the queue_name fixture: q<n>_<hex>) and the few
+    # literal names tests use; tests of the strictness itself override this.
+    "EXTRA_QUEUES": ["q*", "email*", "other", "x", "z", "held", "stranded-*", "emials", "orders", "mail", "odd", "yyy*"],
     "LEASE_TTL": 3,
     "HEARTBEAT_INTERVAL": 0.5,
     "POLL_INTERVAL": 0.05,

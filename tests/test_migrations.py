@@ -24,6 +24,7 @@ def test_every_index_exists_with_its_exact_predicate():
         "gen_durable_parent": "(parent_id) WHERE (parent_id IS NOT NULL)",
         "gen_durable_gc": "(updated_at) WHERE (status = ANY (ARRAY['done'::gen_durable_status, 'failed'::gen_durable_status]))",
         "gen_durable_signals_target": "(target_id, name)",
+        "gen_durable_unknown": "(queue, fsm, fsm_version) WHERE ((unknown_since IS NOT NULL) AND (status = 'runnable'::gen_durable_status))",
     }
     for name, tail in expect.items():
         assert name in idx, f"missing index {name}"

@@ -1,6 +1,9 @@
 -- retry: make a failed, parked (awaiting a signal) or waiting runnable instance
 -- runnable at its current step now (gd.retry; docs/guide.md "Operating").
--- Params: id bigint | NULL, key text | NULL (a live correlation_guard).
+-- Params: id bigint | NULL, key text | NULL (a live correlation_guard), step text | NULL
+--   (resume at this step instead, with the committed state; the caller checked it is a
+--   step of the row's machine; `awaits` is cleared: the new step awaited nothing).
+-- A row a worker that did not know it handed back (unknown_since) loses the mark.
 -- Index: primary key or gen_durable_correlation; the parent by primary key.
 -- Attempt rule: a failed row starts a fresh count (attempt = 0, so a job gets its
 -- whole max_attempts budget again); a live row keeps its attempt. last_error stays
@@ -29,8 +32,11 @@ WITH target AS (
                   WHERE x.correlation_guard = t.correlation_key AND x.id <> t.id)
 ), upd AS (
     UPDATE gen_durable g
-    SET status = CASE WHEN t.status = 'failed' AND g.awaits IS NOT NULL
+    SET status = CASE WHEN %(step)s::text IS NULL AND t.status = 'failed' AND g.awaits IS NOT NULL
                       THEN 'awaiting_signal'::gen_durable_status ELSE 'runnable' END,
+        step = COALESCE(%(step)s::text, g.step),
+        awaits = CASE WHEN %(step)s::text IS NULL THEN g.awaits END,
+        unknown_since = NULL,
         eligible_at = now(),
         attempt = CASE WHEN t.status = 'failed' THEN 0 ELSE g.attempt END,
         await_deadline = NULL,

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from django.db import IntegrityError, transaction
 
-from .. import db, sql, telemetry
+from .. import db, registry, sql, telemetry
 from ..codec import loads
 from ..conf import database_alias
 from ..machine import ChildRow, Signal
@@ -95,6 +95,18 @@ def pick(queue: str, limit: int, worker: str, ttl: float, *, gates=(), using=Non
     jobs.sort(key=lambda j: (j.priority, j.eligible_at, j.id))
     claimed = jobs
     try:
+        # A row of a machine, version or step this process does not know (a rolling
+        # deploy: the other release defines it) goes back untouched before the limiter
+        # or the loads see it: no attempt, no error, no tokens (docs/guide.md, "Deploying").
+        if not all(registry.knows(j.fsm, j.fsm_version, j.step) for j in jobs):
+            foreign = [j for j in jobs if not registry.knows(j.fsm, j.fsm_version, j.step)]
+            jobs = [j for j in jobs if registry.knows(j.fsm, j.fsm_version, j.step)]
+            claimed = jobs
+            hand_back(foreign, worker, using)
+            if stats is not None:
+                stats["unknown"] = len(foreign)
+            if not jobs:
+                return []
         if limiter is not None:
             jobs = admit_claimed(jobs, queue, worker, limiter, limit, stats, using)
         elif len(jobs) > limit:
@@ -229,6 +241,49 @@ def release(ids, worker: str, using=None) -> list[int]:
     if not ids:
         return []
     return [r[0] for r in db.fetchall(sql.RELEASE, {"ids": db.pg_array(ids), "worker": worker}, using)]
+
+
+_unknown_logged: set = set()
+
+
+def hand_back(jobs, worker: str, using=None) -> list[int]:
+    """Hand back claimed rows this process cannot run (hand_back.sql): runnable, attempt
+    and last_error untouched, marked `unknown_since` for a worker that knows them. Logs
+    once per (machine, version) per process. Statements: 1."""
+    ids = [r[0] for r in db.fetchall(sql.HAND_BACK, {"ids": db.pg_array(sorted(j.id for j in jobs)),
+                                                      "worker": worker}, using)]
+    for j in jobs:
+        what = (j.fsm, j.fsm_version)
+        if what not in _unknown_logged:
+            _unknown_logged.add(what)
+            logger.warning("%s v%s (step %r, e.g. id %s): this worker does not know %s; its rows are handed "
+                           "back untouched (no attempt, no error) and wait for a worker that knows it "
+                           "(a rolling deploy? docs/guide.md, \"Deploying\")", j.fsm, j.fsm_version, j.step,
+                           j.id, unknown_what(j.fsm, j.fsm_version, j.step))
+    telemetry.emit("pick.unknown", {"count": len(ids)}, {"queue": jobs[0].queue if jobs else None})
+    return ids
+
+
+def unknown_what(fsm: str, version: int, step: str) -> str:
+    """What of (fsm, version, step) this process lacks, in words."""
+    versions = sorted(v for (n, v) in registry.all_machines() if n == fsm)
+    if not versions:
+        return ("that machine (its durable.py, or tasks.py for a Django task, is imported from the apps in "
+                "INSTALLED_APPS: is the app missing, or is this an older release?)")
+    if version not in versions:
+        return f"that version (it has {', '.join(f'v{v}' for v in versions)})"
+    return f"that step (steps: {', '.join(sorted(registry.step_names(registry.get(fsm, version))))})"
+
+
+def adopt_known(queue: str, limit: int, using=None) -> list[int]:
+    """Make rows of `queue` that another worker handed back, and that this process knows,
+    eligible again (adopt_known.sql); return their ids. Statements: 1."""
+    fsms, versions, steps = registry.known_steps()
+    if not fsms:
+        return []
+    return [r[0] for r in db.fetchall(sql.ADOPT_KNOWN, {"queue": queue, "fsms": db.pg_array(fsms),
+                                                         "versions": db.pg_array(versions),
+                                                         "steps": db.pg_array(steps), "limit": int(limit)}, using)]
 
 
 def still_owned(ids, worker: str, using=None) -> set[int]:

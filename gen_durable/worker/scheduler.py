@@ -29,7 +29,7 @@ from django.db import close_old_connections, connections as django_connections, 
 
 from .. import db, registry, sql, telemetry
 from . import connections
-from .claims import abandon, pick, reclaim, release, still_owned
+from .claims import abandon, adopt_known, pick, reclaim, release, still_owned
 from . import aio
 from .executor import (StepWhere, aexecute, continuation, error_text, execute, execute_timeout, is_async, job_timeout,
                        past_deadline, requeue_entry, stop_entry)
@@ -377,9 +377,22 @@ class Scheduler:
         """
         now = time.monotonic()
         if now - self._paused_read >= PAUSE_CHECK_INTERVAL:
-            self._paused = bool(db.fetchone(sql.QUEUE_PAUSED, {"queue": self.queue}, self.using)[0])
+            paused, handed_back = db.fetchone(sql.QUEUE_PAUSED, {"queue": self.queue}, self.using)
+            self._paused = bool(paused)
             self._paused_read = now
+            if handed_back and not self._paused:
+                self.adopt()
         return self._paused
+
+    def adopt(self) -> int:
+        """Make rows of this queue that a worker not knowing them handed back (a rolling
+        deploy) eligible again when this process knows them; the pick that follows claims
+        them. Run only when the once-a-second pause read saw such rows."""
+        ids = adopt_known(self.queue, max(self.demand(), 1), self.using)
+        if ids:
+            telemetry.emit("scheduler.adopted", {"count": len(ids)}, {"queue": self.queue})
+            logger.info("queue %s: %d rows another worker did not know are runnable again here", self.queue, len(ids))
+        return len(ids)
 
     # --- loop -------------------------------------------------------------------
     def reclaim(self) -> int:

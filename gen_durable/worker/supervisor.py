@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from django.conf import settings as django_settings
 
 from .. import db, registry, schedules, sql
-from ..checks import QUEUE_SAMPLE_CAP, describe_stranded, unserved_queues
+from ..checks import QUEUE_SAMPLE_CAP, describe_rows, describe_stranded, unserved_queues
 from ..conf import database_alias, get_settings
 from ..limiter import get_limiter, unknown_rate_limits
 from . import aio, connections
@@ -46,9 +46,24 @@ ROLES_JOIN = 5.0  # seconds all background roles together get to leave their loo
 # waiting for it would keep the burst from ever exiting.
 _IDLE_SQL = (
     "SELECT EXISTS (SELECT 1 FROM gen_durable WHERE status = 'runnable' AND queue = ANY (%(q)s::text[]) "
-    "AND (rate_limit IS NULL OR split_part(rate_limit, ':', 1) = ANY (%(rates)s::text[]))) "
+    "AND unknown_since IS NULL AND queue NOT IN (SELECT queue FROM gen_durable_queue_pauses) AND (rate_limit IS NULL OR split_part(rate_limit, ':', 1) = ANY (%(rates)s::text[]))) "
     "OR EXISTS (SELECT 1 FROM gen_durable WHERE status = 'executing' AND queue = ANY (%(q)s::text[]))"
 )
+
+
+# `rundurable --burst` exit status when it stops leaving rows of its queues it could not
+# run (named in its last log line): distinct from 0 (all done) and 1 (an error).
+EXIT_LEFT_WORK = 3
+
+LEFTOVER_WHY = {
+    "paused": "the queue is paused (gd.resume_queue)",
+    "unknown": "no worker of this release knows their machine, version or step (docs/guide.md, \"Deploying\")",
+    "rate_limit": "they name a rate limit GEN_DURABLE['RATE_LIMITS'] lacks",
+    "executing": "another worker is running them",
+    "later": "due later: a retry's back-off, a schedule, or deferred by the limiter (a weight above its "
+             "bucket, the limiter unreachable)",
+    "runnable": "due now but not claimed before --max-wait",
+}
 
 
 @dataclass(frozen=True)
@@ -57,6 +72,9 @@ class WorkerConfig:
     reaper: bool = True
     gc: bool = True
     burst: bool = False  # exit 0 once no row of these queues is runnable (and admissible) or executing
+    # burst: exit (EXIT_LEFT_WORK) once no step of this worker completed for this many
+    # seconds although rows remain (paused queue, limiter down, rows deferred); None: wait
+    max_wait: float | None = None
     throughput_every: float = 10.0
     using: str | None = None
     # A child of `rundurable --processes N`: the pid of its parent. When that process is
@@ -385,6 +403,24 @@ class Supervisor:
         logger.info("gen_durable worker %s stopped: %s", self.token, results)
         return results
 
+    def leftovers(self) -> list[tuple[str, str, int, int]]:
+        """(queue, reason, rows, an example id) of the rows of this worker's queues still
+        runnable or executing (sql/burst_leftovers.sql; reasons: LEFTOVER_WHY)."""
+        rates = db.pg_array(sorted(self.limiter.limits.rates))
+        return [tuple(r) for r in db.fetchall(sql.BURST_LEFTOVERS, {"q": list(self.schedulers), "rates": rates},
+                                              self.using)]
+
+    def log_leftovers(self) -> bool:
+        """Log what a burst leaves behind and why; True when it leaves anything."""
+        rows = self.leftovers()
+        if not rows:
+            return False
+        summary = "; ".join(f"queue {q}: {describe_rows(n, example)}: {LEFTOVER_WHY.get(why, why)}"
+                            for q, why, n, example in rows)
+        logger.warning("burst mode: leaving rows this worker could not run: %s (exit status %d)",
+                       summary, EXIT_LEFT_WORK)
+        return True
+
     def is_idle(self) -> bool:
         if any(not s.idle() for s in self.schedulers.values()):
             return False
@@ -415,6 +451,7 @@ class Supervisor:
         self.start()
         last = time.monotonic()
         done_before = {q: 0 for q in self.schedulers}
+        progress = (0, time.monotonic())  # (steps completed, when that count last changed): --max-wait
         code = 0
         while not self._stop.wait(min(self.s.POLL_INTERVAL, 1.0)):
             dead = self.dead_threads()
@@ -437,12 +474,20 @@ class Supervisor:
                 logger.warning("parent process %s is gone; draining and stopping", self.config.parent_pid)
                 break
             if self.config.burst:
+                done_now = sum(s.completed for s in self.schedulers.values())
+                if done_now != progress[0] or any(not s.idle() for s in self.schedulers.values()):
+                    progress = (done_now, now)
                 try:
-                    if self.is_idle():
+                    waited = now - progress[1]
+                    if self.is_idle() or (self.config.max_wait is not None and waited >= self.config.max_wait):
                         logger.info("burst mode: nothing left that this worker can run in queues %s "
-                                    "(no executing rows, no runnable ones it can admit); stopping",
-                                    ", ".join(self.schedulers))
+                                    "(no executing rows, no runnable ones it can admit%s); stopping",
+                                    ", ".join(self.schedulers),
+                                    "" if waited < (self.config.max_wait or float("inf"))
+                                    else f"; no progress for --max-wait {self.config.max_wait:g} s")
                         self._warn_of_stranded_rows()  # what it leaves behind, if anything
+                        if self.log_leftovers():
+                            code = EXIT_LEFT_WORK
                         break
                 except Exception as exc:
                     logger.warning("idle check failed: %s", exc)

@@ -224,3 +224,6 @@ def sleep_job(args):
     began = time.time()
     time.sleep(args.get("sleep", 0))
     return {"began": began, "ended": time.time()}
+
+
+from tests.durable_app import deploy_machines  # noqa: E402,F401  (tests/integration/test_deploys.py)

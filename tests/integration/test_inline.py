@@ -331,7 +331,7 @@ def test_a_denied_admission_requeues_through_the_pick(engine, queue_name, tmp_pa
     assert len(threads) <= 2
 
 
-@override_settings(GEN_DURABLE={"QUEUES": {"default": 4}, "INLINE": {"MAX_STEPS": 3}, "LEASE_TTL": 3,
+@override_settings(GEN_DURABLE={"EXTRA_QUEUES": ["q*"], "QUEUES": {"default": 4}, "INLINE": {"MAX_STEPS": 3}, "LEASE_TTL": 3,
                                 "HEARTBEAT_INTERVAL": 0.5, "POLL_INTERVAL": 0.05, "MAX_POLL_INTERVAL": 0.2})
 def test_a_chain_yields_after_max_steps(engine, queue_name, events):
     id_ = gd.insert(InlineCounter, queue=queue_name, state={"target": 7})

@@ -45,7 +45,8 @@ def test_insert_rejects_unbounded_keys_names_and_weights_naming_the_field(kwargs
     assert not Instance.objects.exists()  # nothing of the batch was written
 
 
-def test_names_and_keys_at_the_limit_are_accepted_and_stored():
+def test_names_and_keys_at_the_limit_are_accepted_and_stored(settings):
+    settings.GEN_DURABLE = {**settings.GEN_DURABLE, "RATE_LIMITS": {EDGE: {"allowed": 1, "period": 1}}}  # insert checks it
     id_ = gd.insert(Plain, queue=EDGE, correlation_key=EDGE, concurrency_key=EDGE, rate_limit=EDGE)
     row = Instance.objects.get(id=id_)
     assert row.queue == row.correlation_key == row.concurrency_key == EDGE

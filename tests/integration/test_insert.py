@@ -93,7 +93,8 @@ def test_schedule_in_is_computed_on_the_database_clock():
     assert eligible - now == dt.timedelta(seconds=90)
 
 
-def test_priority_and_weight_and_keys_are_stored():
+def test_priority_and_weight_and_keys_are_stored(settings):
+    settings.GEN_DURABLE = {**settings.GEN_DURABLE, "RATE_LIMITS": {"api": {"allowed": 10, "period": 1}}}
     id_ = gd.insert(Plain, priority=-5, concurrency_key=("gate", 7), rate_limit=("api", "t1"), weight=2.5)
     row = Instance.objects.get(id=id_)
     assert (row.priority, row.concurrency_key, row.rate_limit, row.weight) == (-5, "gate:7", "api:t1", 2.5)
@@ -244,14 +245,15 @@ def test_async_twins():
     assert Instance.objects.filter(id__in=ids).count() == 2
 
 
-def test_insert_all_stores_each_rows_values_whether_a_column_varies_or_repeats():
+def test_insert_all_stores_each_rows_values_whether_a_column_varies_or_repeats(settings):
+    settings.GEN_DURABLE = {**settings.GEN_DURABLE, "RATE_LIMITS": {"rl": {"allowed": 10, "period": 1}}}
     # A column whose rows all hold one value travels as that value, a varying one as an
     # array (db.batch_column): both must land on every row as given.
     at = dt.datetime(2031, 5, 6, 7, 8, 9, tzinfo=dt.timezone.utc)
     varied = [
         gd.Spec(Plain, state={"i": 0}, queue="qa", priority=3, eligible_at=at, concurrency_key="c0",
-                weight=2, correlation_key="v0", correlation_scope=["runnable"]),
-        gd.Spec(Plain, state={"i": 1}, queue="qb", priority=-1, schedule_in=3600, weight=1.5),
+                rate_limit="rl", weight=2, correlation_key="v0", correlation_scope=["runnable"]),
+        gd.Spec(Plain, state={"i": 1}, queue="qb", priority=-1, schedule_in=3600, rate_limit="rl", weight=1.5),
         gd.Spec(noop, args={"i": 2}, queue="qa", priority=3, concurrency_key=("c", 7),
                 correlation_key="v2"),
     ]

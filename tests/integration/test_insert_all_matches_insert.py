@@ -22,6 +22,12 @@ import gen_durable as gd
 from gen_durable.models import Instance
 from tests.durable_app.durable import Counter, Plain, noop
 
+
+@pytest.fixture(autouse=True)
+def _rate_limit_rl(settings):
+    """The shapes name the rate limit "rl": insert refuses an unconfigured one."""
+    settings.GEN_DURABLE = {**settings.GEN_DURABLE, "RATE_LIMITS": {"rl": {"allowed": 1000, "period": 1}}}
+
 NY = ZoneInfo("America/New_York")
 AT = dt.datetime(2031, 5, 1, 12, 0, tzinfo=dt.timezone.utc)
 AT_NY = dt.datetime(2031, 5, 1, 8, 0, tzinfo=NY)  # the same instant as AT, another zone
@@ -36,7 +42,7 @@ SHARED = [
     {"eligible_at": FOLD1}, {"schedule_at": AT, "schedule_in": 5},
     {"concurrency_key": "ck"}, {"concurrency_key": ("ck", 1)}, {"concurrency_key": ("ck", 1.0)},
     {"concurrency_key": ("ck", "1")}, {"rate_limit": "rl"}, {"rate_limit": ("rl", "p1")},
-    {"rate_limit": ("rl", 2), "weight": 3}, {"weight": 2}, {"weight": 2.5}, {"weight": 1.0},
+    {"rate_limit": ("rl", 2), "weight": 3}, {"rate_limit": "rl", "weight": 2}, {"rate_limit": "rl", "weight": 2.5}, {"weight": 1.0},
     {"correlation_scope": []}, {"correlation_scope": ["done"]}, {"correlation_scope": ["runnable"]},
     {"correlation_scope": ("runnable", "done", "failed")}, {"correlation_scope": ["executing"]},
     {"correlation_scope": ["runnable", "executing", "awaiting_signal", "awaiting_children"]},

@@ -166,7 +166,7 @@ def test_gc_and_reaper_run_in_two_threads_at_once(committed, queue_name):
 # --- a step whose worker dies ----------------------------------------------------------
 
 def test_reaped_row_records_that_its_worker_died_in_the_step(committed, queue_name):
-    row = InstanceFactory(queue=queue_name, step="perform")
+    row = InstanceFactory(fsm="tests.noop", queue=queue_name, step="perform")
     claims.pick(queue_name, 1, "dead-worker", -1)
     assert maintenance.reap() == [row.id]
     r = Instance.objects.get(id=row.id)

@@ -170,7 +170,7 @@ def test_many_threads_enqueue_and_nothing_is_lost(committed, make, queue_name):
     assert rows(queue_name) == 2000 and p.inserted == 2000
 
 
-@override_settings(GEN_DURABLE={"PRODUCER": {"MAX_DELAY": 0, "ON_ERROR": "tests.integration.test_producer.on_error"}})
+@override_settings(GEN_DURABLE={"EXTRA_QUEUES": ["q*"], "PRODUCER": {"MAX_DELAY": 0, "ON_ERROR": "tests.integration.test_producer.on_error"}})
 def test_insert_async_uses_the_configured_process_producer(committed, queue_name):
     try:
         gd.insert_async(Plain, queue=queue_name)

@@ -65,7 +65,10 @@ def test_start_up_names_the_machines_and_warns_of_rows_nothing_will_run(committe
     # unconfigured rate limit must show at start-up, not only in `check --database`
     # (W006, W004).
     gd.insert(Counter, state={"target": 1}, queue=queue_name)
-    stray = gd.insert(Counter, state={"target": 1}, queue=f"{queue_name}-misspelt", rate_limit=f"{queue_name}-rl")
+    from tests.factories import InstanceFactory
+
+    stray = InstanceFactory(fsm="tests.Counter", state={"target": 1}, queue=f"{queue_name}-misspelt",
+                            rate_limit=f"{queue_name}-rl").id  # a rate limit no longer configured
     try:
         with caplog.at_level("INFO", "gen_durable"):
             call_command("rundurable", "--burst", "--queue", f"{queue_name}=1", "--no-gc", verbosity=1)
@@ -85,10 +88,14 @@ def test_burst_exits_past_a_row_that_names_an_unconfigured_rate_limit_and_says_s
         committed, keep_signal_handlers, queue_name, caplog):
     # Such a row is never admitted: waiting for it, --burst would never exit.
     done = gd.insert(Counter, state={"target": 1}, queue=queue_name)
-    stranded = gd.insert(Counter, state={"target": 1}, queue=queue_name, rate_limit=f"{queue_name}-nolimit")
+    from tests.factories import InstanceFactory
+
+    stranded = InstanceFactory(fsm="tests.Counter", state={"target": 1}, queue=queue_name,
+                               rate_limit=f"{queue_name}-nolimit").id  # a rate limit no longer configured
     try:
-        with caplog.at_level("INFO", "gen_durable"):
+        with caplog.at_level("INFO", "gen_durable"), pytest.raises(CommandError) as exc:
             call_command("rundurable", "--burst", "--queue", f"{queue_name}=1", "--no-gc", verbosity=1)
+        assert exc.value.returncode == 3  # distinct: it left rows it cannot run
         assert Instance.objects.get(id=done).status == "done"
         assert Instance.objects.get(id=stranded).status == "runnable"
         messages = [r.getMessage() for r in caplog.records]
@@ -96,8 +103,51 @@ def test_burst_exits_past_a_row_that_names_an_unconfigured_rate_limit_and_says_s
         assert queue_name in messages[stop]
         # Named again on the way out, after the stop line, with what it leaves behind.
         assert any(f"{queue_name}-nolimit" in m and "RATE_LIMITS" in m for m in messages[stop:])
+        summary = next(m for m in messages if m.startswith("burst mode: leaving rows"))
+        assert f"queue {queue_name}: 1 row, e.g. id {stranded}: they name a rate limit" in summary
     finally:
         Instance.objects.filter(id=stranded).delete()
+
+
+def test_burst_exits_3_past_a_paused_queue_and_a_machine_it_does_not_know(committed, keep_signal_handlers,
+                                                                          queue_name, caplog):
+    from tests.factories import HandedBackFactory
+
+    paused_q = f"{queue_name}-held"
+    done = gd.insert(Counter, state={"target": 1}, queue=queue_name)
+    held = gd.insert(Counter, state={"target": 1}, queue=paused_q)
+    foreign = HandedBackFactory(fsm="shop.Gone", queue=queue_name)
+    gd.pause_queue(paused_q)
+    try:
+        with caplog.at_level("INFO", "gen_durable"), pytest.raises(CommandError) as exc:
+            call_command("rundurable", "--burst", "--queue", f"{queue_name}=1", "--queue", f"{paused_q}=1",
+                         "--no-gc", verbosity=1)
+        assert exc.value.returncode == 3
+        assert Instance.objects.get(id=done).status == "done"
+        assert Instance.objects.get(id=held).status == "runnable"
+        summary = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("burst mode: leaving rows"))
+        assert f"queue {paused_q}: 1 row, e.g. id {held}: the queue is paused" in summary
+        assert f"queue {queue_name}: 1 row, e.g. id {foreign.id}: no worker of this release knows" in summary
+    finally:
+        gd.resume_queue(paused_q)
+
+
+def test_burst_max_wait_stops_waiting_for_rows_deferred_past_it(committed, keep_signal_handlers, queue_name,
+                                                                 caplog):
+    later = gd.insert(Counter, state={"target": 1}, queue=queue_name, schedule_in=3600)
+    with caplog.at_level("INFO", "gen_durable"), pytest.raises(CommandError) as exc:
+        call_command("rundurable", "--burst", "--max-wait", "0.5", "--queue", f"{queue_name}=1", "--no-gc",
+                     verbosity=1)
+    assert exc.value.returncode == 3 and Instance.objects.get(id=later).status == "runnable"
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("no progress for --max-wait 0.5 s" in m for m in messages)
+    assert any(f"queue {queue_name}: 1 row, e.g. id {later}: due later" in m for m in messages)
+
+
+@pytest.mark.django_db
+def test_max_wait_needs_burst():
+    with pytest.raises(CommandError, match="--max-wait needs --burst"):
+        call_command("rundurable", "--max-wait", "5")
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -100,7 +100,7 @@ def test_a_job_that_always_times_out_fails_after_max_attempts(engine, queue_name
 
 def test_max_step_seconds_bounds_a_step_without_its_own_timeout(engine, queue_name, gates):
     g = gates()
-    with override_settings(GEN_DURABLE={"MAX_STEP_SECONDS": 0.5, "LEASE_TTL": 3, "HEARTBEAT_INTERVAL": 0.5,
+    with override_settings(GEN_DURABLE={"EXTRA_QUEUES": ["q*"], "MAX_STEP_SECONDS": 0.5, "LEASE_TTL": 3, "HEARTBEAT_INTERVAL": 0.5,
                                          "POLL_INTERVAL": 0.05, "MAX_POLL_INTERVAL": 0.2}):
         engine({queue_name: 1})
         id_ = gd.insert(HangsDefault, queue=queue_name, state={"gate": g})

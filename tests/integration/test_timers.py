@@ -18,7 +18,7 @@ from tests.conftest import wait_until
 from tests.durable_app.time_machines import Recorder, retries_once
 from tests.factories import InstanceFactory
 
-SLOW = {"POLL_INTERVAL": 30, "MAX_POLL_INTERVAL": 60, "REAPER": {"INTERVAL": 3600},
+SLOW = {"EXTRA_QUEUES": ["q*"], "POLL_INTERVAL": 30, "MAX_POLL_INTERVAL": 60, "REAPER": {"INTERVAL": 3600},
         "LEASE_TTL": 60, "HEARTBEAT_INTERVAL": 20, "GC": False}
 WAIT = 15.0  # bounded wait: far below the 30-60 s the poll would take, generous under load
 

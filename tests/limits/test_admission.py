@@ -15,6 +15,7 @@ from gen_durable.worker import claims, executor
 from gen_durable.worker.flusher import flush
 from tests.conftest import wait_until
 from tests.durable_app.durable import Plain
+from tests.factories import InstanceFactory
 from tests.durable_app.limit_machines import Transitions
 
 from .conftest import buckets, collapse, rows
@@ -207,7 +208,7 @@ def test_a_weight_above_the_burst_is_rejected(configure, queue_name):
 
 def test_an_unknown_rate_limit_stalls_the_row_with_an_event_and_a_log_line(configure, queue_name, events, caplog):
     limiter = configure(rates={"api": {"allowed": 10, "period": 1}})
-    stalled = gd.insert(Plain, queue=queue_name, rate_limit="ghost:1")
+    stalled = InstanceFactory(fsm="tests.Plain", queue=queue_name, rate_limit="ghost:1").id  # no longer configured
     free = gd.insert(Plain, queue=queue_name)
     assert [j.id for j in pick(limiter, queue_name)] == [free]
     assert [(r[1], r[5]) for r in rows(queue_name) if r[0] == stalled] == [("runnable", True)]

@@ -13,6 +13,7 @@ from gen_durable.limiter.redis import RedisLimiter
 from gen_durable.worker import claims
 from tests.conftest import wait_until
 from tests.durable_app.durable import Plain
+from tests.factories import InstanceFactory
 
 from .conftest import REDIS_URL, buckets, collapse, redis_client
 
@@ -253,8 +254,9 @@ def test_check_and_start_up_warn_about_unconfigured_rate_limit_names(pg, queue_n
     from gen_durable.limiter import unknown_rate_limits
 
     pg(rates={"api": {"allowed": 1, "period": 1}})
-    ghosts = [gd.insert(Plain, queue=queue_name, rate_limit=("ghost", k)) for k in range(3)]
-    typo = gd.insert(Plain, queue=queue_name, rate_limit="apj")
+    # Rows that name a rate limit no longer configured (insert refuses unconfigured names).
+    ghosts = [InstanceFactory(fsm="tests.Plain", queue=queue_name, rate_limit=f"ghost:{k}").id for k in range(3)]
+    typo = InstanceFactory(fsm="tests.Plain", queue=queue_name, rate_limit="apj").id
     gd.insert(Plain, queue=queue_name, rate_limit="api")
     assert unknown_rate_limits() == [("ghost", 3, min(ghosts)), ("apj", 1, typo)]
     (warning,) = check_rate_limit_names(databases=["default"])

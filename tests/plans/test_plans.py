@@ -224,3 +224,17 @@ def test_changelist_pages_ride_an_index(scale):
         statement, params = qs[:50].query.sql_with_params()
         p = plan(statement, params)
         assert not seq_scans_of_instances(p), statement
+
+
+# --- rolling deploys (docs/guide.md, "Deploying") -------------------------------------
+def test_deploy_statements_ride_the_unknown_index_never_the_table(scale):
+    """The once-a-second "any handed-back rows here?" read, the adoption and the
+    overview's list probe gen_durable_unknown (only handed-back rows) — none scans
+    gen_durable, and the pick itself is unchanged (test above)."""
+    known = {"queue": "q1", "fsms": ["f"] * 2, "versions": [1, 2], "steps": ["s", "t"], "limit": 50}
+    for statement, params in ((sql.QUEUE_PAUSED, {"queue": "q1"}), (sql.ADOPT_KNOWN, known),
+                              (sql.UNKNOWN_WAITING, None), (sql.HAND_BACK, {"ids": list(range(1, 51)), "worker": "w"})):
+        for p in (plan(statement, params),) + ((generic_plan(statement, params),) if params else ()):
+            assert not seq_scans_of_instances(p), statement.splitlines()[0]
+    for statement, params in ((sql.ADOPT_KNOWN, known), (sql.UNKNOWN_WAITING, None)):
+        assert "gen_durable_unknown" in index_scans(plan(statement, params)), statement.splitlines()[0]

@@ -24,7 +24,7 @@ from gen_durable.worker.supervisor import worker_prefix
 from tests.conftest import wait_until
 from tests.durable_app.inline_machines import InlineCounter
 
-LEASES = {"QUEUES": {"default": 4}, "LEASE_TTL": 3, "HEARTBEAT_INTERVAL": 0.5, "POLL_INTERVAL": 0.05,
+LEASES = {"EXTRA_QUEUES": ["q*"], "QUEUES": {"default": 4}, "LEASE_TTL": 3, "HEARTBEAT_INTERVAL": 0.5, "POLL_INTERVAL": 0.05,
           "MAX_POLL_INTERVAL": 0.2, "INLINE": {"MAX_STEPS": 10 ** 9, "MAX_SECONDS": 1000}, "DRAIN_TIMEOUT": 2}
 MARGIN = 3 - 2 * 0.5  # Scheduler.reclaim's: LEASE_TTL - 2 x HEARTBEAT_INTERVAL
 ATTEMPTS = 2000  # reclaims while the chains run: a few leases' worth of them

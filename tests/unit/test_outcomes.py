@@ -88,7 +88,7 @@ def test_key_shapes_normalise(given, stored):
 
 
 def test_fractional_weight_is_accepted():
-    assert gd.Next("go", weight=0.25).weight == 0.25
+    assert gd.Next("go", rate_limit="r", weight=0.25).weight == 0.25
 
 
 @pytest.mark.parametrize("given", [0.0, -0.0, -1.5, math.inf, -math.inf, math.nan])
@@ -99,8 +99,8 @@ def test_a_float_weight_outside_the_open_range_is_refused(given):
 
 
 def test_every_weight_is_stored_as_a_float():
-    assert [type(gd.Next("go", weight=w).weight) for w in (1, 3, 1.0, 2.5)] == [float] * 4
-    assert gd.Next("go").weight == 1.0 and gd.Next("go", weight=3).weight == 3.0
+    assert [type(gd.Next("go", rate_limit="r", weight=w).weight) for w in (1, 3, 1.0, 2.5)] == [float] * 4
+    assert gd.Next("go").weight == 1.0 and gd.Next("go", rate_limit="r", weight=3).weight == 3.0
 
 
 def test_await_single_name_becomes_a_one_tuple():
@@ -138,7 +138,7 @@ def test_schedule_children_keeps_its_children_as_a_tuple():
     out = gd.ScheduleChildren(next="join", children=kids)
     assert out.children == tuple(kids)
     assert out.children[0].machine is Plain and out.children[0].kwargs == {"state": {"i": 1}}
-    assert gd.Child is gd.Spec
+    assert issubclass(gd.Child, gd.Spec)
 
 
 def test_schedule_children_may_be_empty():

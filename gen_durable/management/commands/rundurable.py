@@ -14,6 +14,7 @@ import time
 from django.core.management.base import BaseCommand, CommandError
 
 from gen_durable.conf import get_settings
+from gen_durable.worker.supervisor import EXIT_LEFT_WORK
 
 
 # Supervision of `--processes N` children (seconds): first back-off and its cap, the run
@@ -98,6 +99,16 @@ def positive_int(value: str) -> int:
     return n
 
 
+def positive_float(value: str) -> float:
+    try:
+        n = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {value!r}") from None
+    if not n > 0 or n == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {value}")
+    return n
+
+
 class Command(BaseCommand):
     help = "Run gen_durable workers: schedulers for the configured queues, flusher, heartbeat, reaper and GC."
     requires_system_checks = "__all__"
@@ -112,9 +123,15 @@ class Command(BaseCommand):
         parser.add_argument("--no-reaper", action="store_true", help="Run no reaper in this process.")
         parser.add_argument("--no-gc", action="store_true", help="Run no GC in this process.")
         parser.add_argument("--burst", action="store_true",
-                            help="Exit 0 once no row of these queues is runnable or executing (rows parked on "
-                                 "a signal or children, and rows naming a rate limit RATE_LIMITS lacks, "
-                                 "are left; the latter are named on exit).")
+                            help="Run what it can, then exit: 0 once no row of these queues is runnable or "
+                                 f"executing; {EXIT_LEFT_WORK} when it leaves rows it cannot run (a paused "
+                                 "queue, a machine this release does not know, an unconfigured rate limit, "
+                                 "or, past --max-wait, rows the limiter keeps deferring), each named with "
+                                 "its reason. Rows parked on a signal or children are not waited for.")
+        parser.add_argument("--max-wait", type=positive_float, default=None, metavar="SECONDS",
+                            help="With --burst: stop once no step completed for this many seconds while rows "
+                                 "remain (due later, deferred by the limiter, the limiter unreachable); "
+                                 f"exits {EXIT_LEFT_WORK} naming them. Default: wait for them.")
         parser.add_argument("--database", action="append", dest="database", default=None, metavar="ALIAS",
                             help="Database alias to serve (repeatable: one process serves each named "
                                  "database, with its own schedulers, leases, timers, GC, listener and "
@@ -147,7 +164,9 @@ class Command(BaseCommand):
         return aliases
 
     def handle(self, *, queue, processes, no_reaper, no_gc, burst, child, predecessors, parent, verbosity,
-               database, **options):
+               database, max_wait=None, **options):
+        if max_wait is not None and not burst:
+            raise CommandError("--max-wait needs --burst (a worker without it runs until stopped)")
         _configure_logging(verbosity)
         settings = get_settings()
         aliases = self._aliases(database)
@@ -170,10 +189,13 @@ class Command(BaseCommand):
         # can die. GC (nobody waits on it) runs in the first, which is restarted if it dies.
         first = child in (None, 0)
         configs = [WorkerConfig(queues=queues, reaper=not no_reaper, gc=not no_gc and first, burst=burst,
-                                parent_pid=parent, using=alias,
+                                max_wait=max_wait, parent_pid=parent, using=alias,
                                 predecessors=tuple(int(p) for p in predecessors.split(",") if p))
                    for alias in aliases]
         code = Supervisor(configs[0]).run() if len(configs) == 1 else run_several(configs)
+        if code == EXIT_LEFT_WORK:
+            raise CommandError("burst: rows were left that this worker could not run (see the log line above)",
+                               returncode=EXIT_LEFT_WORK)
         if code:
             raise CommandError(f"worker exited with {code}")
 
@@ -331,7 +353,7 @@ class Command(BaseCommand):
                             spawn(i)
                     continue
                 slot["proc"], code = None, proc.returncode
-                if stopping or code == 0:
+                if stopping or code == 0 or code == EXIT_LEFT_WORK:  # a burst child done (rows left: named)
                     slot["done"] = True
                     codes.append(code)
                     continue
@@ -358,6 +380,9 @@ class Command(BaseCommand):
             if all(slot["done"] for slot in slots):
                 break
             time.sleep(0.2)
-        bad = [c for c in codes if c]
+        bad = [c for c in codes if c and c != EXIT_LEFT_WORK]
         if bad:
             raise CommandError(f"{len(bad)} worker process(es) exited non-zero: {codes}")
+        if EXIT_LEFT_WORK in codes:
+            raise CommandError("burst: rows were left that the workers could not run (see the log)",
+                               returncode=EXIT_LEFT_WORK)

@@ -1,0 +1,263 @@
+"""Rolling deploys (docs/guide.md, "Deploying"): a worker that does not know a row's
+machine, version or step hands it back untouched; a worker that knows it runs it.
+
+The two "releases" are two worker processes with different registries
+(tests/durable_app/deploy_machines.py: GEN_DURABLE_TEST_RELEASE=old lacks a machine, a
+version and a step the new release has).
+"""
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+import gen_durable as gd
+from gen_durable.models import Instance
+from tests.conftest import wait_until
+from tests.durable_app.deploy_machines import Added, Both, Evolving, EvolvingV2
+
+ROOT = Path(__file__).resolve().parents[2]
+MANAGE = [sys.executable, str(ROOT / "tests" / "manage.py")]
+
+
+def worker(queue, release, *extra):
+    env = dict(os.environ, DJANGO_SETTINGS_MODULE="tests.settings",
+               GEN_DURABLE_TEST_DB_NAME=connection.settings_dict["NAME"],
+               GEN_DURABLE_TEST_SETTINGS='{"POLL_INTERVAL": 0.05, "MAX_POLL_INTERVAL": 0.2}')
+    if release == "old":
+        env["GEN_DURABLE_TEST_RELEASE"] = "old"
+    else:
+        env.pop("GEN_DURABLE_TEST_RELEASE", None)
+    return subprocess.Popen(MANAGE + ["rundurable", "--queue", f"{queue}=2", "--no-gc", "--no-reaper", *extra],
+                            cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
+
+
+def stop(proc):
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        _, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+    return err
+
+
+def rows(ids):
+    return list(Instance.objects.filter(id__in=ids).order_by("id"))
+
+
+def test_an_old_worker_hands_back_what_it_does_not_know_and_the_new_one_runs_it(committed, queue_name):
+    unknown = [gd.insert(Added, queue=queue_name) for _ in range(5)]
+    unknown += [gd.insert(EvolvingV2, queue=queue_name) for _ in range(2)]
+    unknown += [gd.insert(Evolving, step="pack", queue=queue_name) for _ in range(2)]
+    known = [gd.insert(Both, queue=queue_name) for _ in range(3)]   # negative control: the old one runs these
+
+    old = worker(queue_name, "old")
+    new = None
+    try:
+        wait_until(lambda: all(r.status == "done" for r in rows(known)), timeout=30, what="the old worker's own rows")
+        wait_until(lambda: all(r.unknown_since is not None for r in rows(unknown)), timeout=30,
+                   what="the old worker to hand back every row it does not know")
+        for r in rows(unknown):
+            # Untouched: runnable, no attempt spent, no error, no lease.
+            assert (r.status, r.attempt, r.last_error, r.locked_by) == ("runnable", 0, None, None), r.id
+        assert all(r.result["ran"] == ["start@old"] for r in rows(known))
+
+        # The deploy goes on: the new release starts beside the old one.
+        new = worker(queue_name, "new")
+        wait_until(lambda: all(r.status == "done" for r in rows(unknown)), timeout=30,
+                   what="the new worker to run the rows the old one did not know")
+        done = rows(unknown)
+        assert all(r.attempt == 0 and r.last_error is None and r.unknown_since is None for r in done)
+        assert sorted(r.result["ran"][0] for r in done) == ["pack@new"] * 2 + ["start@new"] * 7
+    finally:
+        old_log = stop(old)
+        if new is not None:
+            stop(new)
+    # Said once per machine/version, naming what is missing.
+    lines = [line for line in old_log.splitlines() if "handed back untouched" in line]
+    assert sum("tests.deploy.Added v1" in line and "that machine" in line for line in lines) == 1, old_log
+    assert sum("tests.deploy.Evolving v2" in line and "that version (it has v1)" in line for line in lines) == 1
+    assert sum("tests.deploy.Evolving v1" in line and "that step" in line for line in lines) == 1
+
+
+def test_the_pick_hands_back_what_this_process_does_not_know_without_failing_it(committed, queue_name,
+                                                                                 monkeypatch):
+    from gen_durable import registry
+    from gen_durable.worker.claims import adopt_known, pick
+
+    ids = [gd.insert(Added, queue=queue_name) for _ in range(3)] + [gd.insert(Both, queue=queue_name)]
+    # This process "is" the old release: Added unregistered.
+    monkeypatch.delitem(registry._machines, ("tests.deploy.Added", 1))
+    monkeypatch.setattr(registry, "_known", None)
+    jobs = pick(queue_name, 10, "w-old", 30, stats=(stats := {}))
+    assert [j.fsm for j in jobs] == ["tests.deploy.Both"] and stats["unknown"] == 3
+    assert pick(queue_name, 10, "w-old", 30) == []                 # out of the pick's range now
+    assert adopt_known(queue_name, 10) == []                       # nothing here knows them
+    monkeypatch.undo()
+    registry._known = None
+    assert sorted(adopt_known(queue_name, 10)) == ids[:3]          # the new release adopts them
+    again = pick(queue_name, 10, "w-new", 30)
+    assert sorted(j.id for j in again) == ids[:3] and {j.attempt for j in again} == {0}
+
+
+def test_the_overview_says_which_rows_wait_for_a_worker_that_knows_them(admin_client, queue_name):
+    from django.urls import reverse
+
+    from tests.factories import HandedBackFactory
+
+    HandedBackFactory.create_batch(3, fsm="shop.Checkout", fsm_version=2, queue=queue_name)
+    HandedBackFactory(fsm="tests.deploy.Added", queue=queue_name)
+    body = admin_client.get(reverse("admin:gen_durable_queueoverview_changelist")).content.decode()
+    assert "3 rows wait for a worker that knows shop.Checkout v2" in body
+    assert "no class registered in this release has it" in body
+    assert "1 row waits for a worker that knows tests.deploy.Added v1" in body
+    assert "this release knows it" in body
+
+
+def test_the_overview_shows_no_deploy_section_without_such_rows(admin_client, queue_name):
+    from django.urls import reverse
+
+    gd.insert(Both, queue=queue_name)
+    body = admin_client.get(reverse("admin:gen_durable_queueoverview_changelist")).content.decode()
+    assert 'id="gd-unknown"' not in body and "Queues" in body
+
+
+
+# --- W060 and `manage.py durable_versions` ---------------------------------------------
+@pytest.mark.django_db
+def test_w060_lists_live_rows_no_registered_class_has(queue_name):
+    from gen_durable.checks import check_unknown_machines
+    from tests.factories import InstanceFactory, TerminalFactory
+
+    InstanceFactory(fsm="shop.Gone", queue=queue_name)
+    InstanceFactory.create_batch(2, fsm="tests.deploy.Evolving", fsm_version=3, queue=queue_name)
+    InstanceFactory(fsm="tests.deploy.Evolving", step="pak", queue=queue_name, status="awaiting_signal")
+    InstanceFactory(fsm="tests.deploy.Both", queue=queue_name)                 # known: not listed
+    TerminalFactory(fsm="shop.Finished", queue=queue_name)                      # done: not live
+    assert check_unknown_machines() == []                                       # only with --database
+    warnings = check_unknown_machines(databases=["default"])
+    text = "\n".join(w.msg for w in warnings)
+    assert {w.id for w in warnings} == {"gen_durable.W060"} and len(warnings) == 3, text
+    assert "1 runnable row of shop.Gone v1 at step 'start'" in text and "no registered machine is named" in text
+    assert "2 runnable rows of tests.deploy.Evolving v3" in text and "has versions v1, v2 here, not v3" in text
+    assert "no step 'pak'" in text and "renamed from 'pak' to 'pack'?" in text
+    assert "shop.Finished" not in text and "tests.deploy.Both" not in text
+
+
+@pytest.mark.django_db
+def test_durable_versions_lists_live_rows_per_machine_version_and_step(queue_name):
+    from io import StringIO
+
+    from django.core.management import CommandError, call_command
+
+    from tests.factories import HandedBackFactory, InstanceFactory
+
+    InstanceFactory.create_batch(2, fsm="tests.deploy.Evolving", queue=queue_name)
+    HandedBackFactory(fsm="tests.deploy.Evolving", fsm_version=3, queue=queue_name)
+    out = StringIO()
+    call_command("durable_versions", "--machine", "tests.deploy.Evolving", stdout=out)
+    lines = out.getvalue().splitlines()
+    v1 = next(line for line in lines if " v1 " in line)
+    assert "start" in v1 and "runnable" in v1 and " 2 " in v1 and "runs it" in v1
+    v3 = next(line for line in lines if " v3 " in line)
+    assert " 1 " in v3 and "not v3" in v3
+    assert not any("may be removed" in line for line in lines)    # v1 has live rows, v2 is the newest
+    out = StringIO()
+    call_command("durable_versions", "--unknown", stdout=out)
+    assert " v1 " not in out.getvalue() and " v3 " in out.getvalue()
+    Instance.objects.filter(fsm="tests.deploy.Evolving", fsm_version=1).update(status="done")  # v1 drained
+    out = StringIO()
+    call_command("durable_versions", "--machine", "tests.deploy.Evolving", stdout=out)
+    assert out.getvalue().splitlines()[-1] == "no live rows (an older version may be removed): tests.deploy.Evolving v1"
+    with pytest.raises(CommandError, match="did you mean 'tests.deploy.Evolving'"):
+        call_command("durable_versions", "--machine", "tests.deploy.Evolvin")
+
+
+# --- evolving a machine: step aliases, retry at a step -------------------------------
+class Renamed(gd.Machine):
+    """`ship` was called `send` in the release before: rows parked under it still run."""
+
+    name = "tests.deploy.Renamed"
+    step_aliases = {"send": "ship"}
+
+    @gd.step
+    def start(self, ctx):
+        return gd.Next("ship")
+
+    @gd.step
+    def ship(self, ctx):
+        return gd.Done({"step": ctx.step, "state": ctx.state})
+
+
+@pytest.mark.django_db
+def test_a_row_parked_under_a_renamed_steps_old_name_runs_the_new_step(queue_name):
+    from gen_durable import registry, testing
+    from tests.factories import InstanceFactory
+
+    old = InstanceFactory(fsm="tests.deploy.Renamed", step="send", queue=queue_name, state={"n": 1})
+    assert registry.knows("tests.deploy.Renamed", 1, "send")
+    testing.drain(queue_name)
+    r = Instance.objects.get(id=old.id)
+    assert (r.status, r.result) == ("done", {"step": "send", "state": {"n": 1}})
+
+
+def test_step_aliases_are_checked_at_class_definition():
+    with pytest.raises(gd.InvalidInput, match="maps 'a' to 'nope', which is not a step"):
+        class Bad(gd.Machine):
+            name = "tests.deploy.BadAlias"
+            step_aliases = {"a": "nope"}
+
+            @gd.step
+            def start(self, ctx):
+                return gd.Done()
+    with pytest.raises(gd.InvalidInput, match="renames 'start', which is still a step"):
+        class Bad2(gd.Machine):
+            name = "tests.deploy.BadAlias2"
+            step_aliases = {"start": "start"}
+
+            @gd.step
+            def start(self, ctx):
+                return gd.Done()
+
+
+@pytest.mark.django_db
+def test_retry_resumes_a_failed_instance_at_a_chosen_step_with_its_state(queue_name):
+    from gen_durable import testing
+    from tests.factories import InstanceFactory
+
+    failed = InstanceFactory(fsm="tests.deploy.Evolving", step="gone", queue=queue_name, status="failed",
+                             state={"order": 7}, attempt=3, last_error="x")
+    with pytest.raises(gd.InvalidInput, match="has no step 'pak'; did you mean 'pack'"):
+        gd.retry(failed.id, step="pak")
+    assert Instance.objects.get(id=failed.id).status == "failed"          # refused: nothing written
+    assert gd.retry(failed.id, step="pack") == failed.id
+    r = Instance.objects.get(id=failed.id)
+    assert (r.status, r.step, r.attempt) == ("runnable", "pack", 0)
+    testing.drain(queue_name)
+    r = Instance.objects.get(id=failed.id)
+    assert r.status == "done" and r.result == {"order": 7, "ran": ["pack@new"]}
+
+
+@pytest.mark.django_db
+def test_control_without_the_hand_back_the_old_release_fails_the_row_at_attempt_0(queue_name, monkeypatch):
+    """Negative control of the hand-back: when the pick does not sort out the rows this
+    process lacks (as before), executing one fails it at once — what the deploy test
+    above proves no longer happens."""
+    from gen_durable import registry
+    from gen_durable.worker.claims import pick
+    from gen_durable.worker.executor import execute
+    from gen_durable.worker.flusher import flush
+
+    id_ = gd.insert(Added, queue=queue_name)
+    monkeypatch.delitem(registry._machines, ("tests.deploy.Added", 1))
+    monkeypatch.setattr(registry, "knows", lambda *a: True)   # the pick no longer hands anything back
+    [job] = pick(queue_name, 10, "w-old", 30)
+    flush([execute(job)])
+    r = Instance.objects.get(id=id_)
+    assert (r.status, r.attempt) == ("failed", 0) and "no gen_durable machine registered" in r.last_error
