@@ -158,7 +158,7 @@ class InstanceAdmin(admin.ModelAdmin):
         (None, {"fields": ("id", "machine", "fsm_version", "step", "status", "queue", "priority", "attempt",
                            "eligible_at", "correlation_key", "inserted_at", "updated_at")}),
         ("State and outcome", {"fields": ("state_pretty", "result_pretty", "last_error_pretty",
-                                          "attempt_log_pretty")}),
+                                          "last_traceback_pretty", "attempt_log_pretty")}),
         ("Lease", {"fields": ("locked_by", "lease_expires_at")}),
         ("Waiting", {"fields": ("awaits", "await_deadline", "parent_link", "children_pending")}),
         ("Limits", {"fields": ("concurrency_key_info", "concurrency_shard", "rate_limit_info", "weight")}),
@@ -182,7 +182,7 @@ class InstanceAdmin(admin.ModelAdmin):
         if match is not None and match.url_name == "gen_durable_instance_changelist":
             # The list shows none of the JSON columns; a row's state can be large.
             heavy = [f.name for f in Instance._meta.concrete_fields
-                     if f.name in ("state", "result", "last_error", "attempt_log")]
+                     if f.name in ("state", "result", "last_error", "last_traceback", "attempt_log")]
             qs = qs.defer(*heavy)
         return qs
 
@@ -234,6 +234,13 @@ class InstanceAdmin(admin.ModelAdmin):
     @admin.display(description="last error")
     def last_error_pretty(self, obj):
         return format_html("<pre class=\"gd-json\">{}</pre>", obj.last_error) if obj.last_error else "—"
+
+    @admin.display(description="traceback")
+    def last_traceback_pretty(self, obj):
+        """The last failed attempt's traceback (file, line, code of each frame)."""
+        if not obj.last_traceback:
+            return "—"
+        return format_html("<pre class=\"gd-json gd-traceback\">{}</pre>", obj.last_traceback)
 
     @admin.display(description="concurrency key")
     def concurrency_key_info(self, obj):

@@ -42,6 +42,7 @@ SET status = 'runnable', locked_by = NULL, lease_expires_at = NULL,
     concurrency_shard = NULL, attempt = g.attempt + 1, eligible_at = now(),
     last_error = format('the worker died during step %%s (attempt %%s); reclaimed at start-up',
                         g.step, g.attempt + 1),
+    last_traceback = NULL,  -- no traceback: the attempt ended without an exception
     updated_at = now(),
     attempt_log = CASE WHEN g.attempt_log IS NULL THEN NULL
                        ELSE g.attempt_log || jsonb_build_array(jsonb_build_object(

@@ -214,3 +214,24 @@ from . import limit_machines  # noqa: E402,F401  (registered for worker subproce
 from tests.durable_app import supervision_machines  # noqa: E402,F401  (supervision and fault tests)
 from tests.durable_app import fault_machines  # noqa: E402,F401  (the fault suite's machines)
 from tests.durable_app import multihost_machines  # noqa: E402,F401  (tests/faults/test_multihost.py)
+
+
+def _nested(depth, pad=0):
+    if depth == 0:
+        raise RuntimeError("smtp down" + " details" * pad)
+    return _nested(depth - 1, pad)
+
+
+class SendsMail(gd.Job):
+    """Raises RuntimeError("smtp down") `depth` frames deep every attempt (tracebacks);
+    `pad` appends " details" that many times to the message."""
+
+    name = "tests.SendsMail"
+    max_attempts = 2
+
+    def perform(self, args, ctx):
+        _nested(args.get("depth", 0), args.get("pad", 0))
+
+    def backoff(self, attempt):
+        return 0
+

@@ -85,7 +85,7 @@ def test_pick_touches_about_a_batch_of_rows_when_run(scale):
     ("LOAD_CHILDREN", {"ids": list(range(1, 51))}),
     # A next and a done, as the flusher sends them (`_arrays`: tests below build theirs with it).
     ("FLUSH", {"id": [1, 2], "worker": None, "worker_1": "w", "kind": ["next", "done"], "kind_1": None,
-               "step": ["s", None], "state": None, "result": [None, "{}"], "error": None, "delay": None,
+               "step": ["s", None], "state": None, "result": [None, "{}"], "error": None, "tb": None, "delay": None,
                "awaits": None, "timeout": None, "set_key": None, "new_key": None, "rate_limit": None,
                "weight": None, "weight_1": 1.0, "detail": None, "c_target": [1], "c_id": [5], "lease": 60.0,
                "renew": 40.0, "inline": []}),
