@@ -25,12 +25,13 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.http import HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
+from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 
 from . import calls, overview, registry
 from .admin_paging import EstimatedCountPaginator
-from .conf import database_alias
+from .conf import database_alias, get_settings
 from .exceptions import DuplicateInstance, GenDurableError, NoTarget, NotRetryable
 from .limiter.base import EPSILON
 from .limiter.config import get_limits
@@ -141,7 +142,7 @@ ACTIONS = {
 
 @admin.register(Instance)
 class InstanceAdmin(admin.ModelAdmin):
-    list_display = ("id", "machine", "step", "status", "queue", "priority", "attempt", "eligible_at",
+    list_display = ("id", "machine", "step", "status", "running", "queue", "priority", "attempt", "eligible_at",
                     "correlation_key", "updated_at")
     list_display_links = ("id",)
     list_filter = (StatusFilter, QueueFilter, MachineFilter)
@@ -156,7 +157,7 @@ class InstanceAdmin(admin.ModelAdmin):
     change_form_template = "admin/gen_durable/instance/change_form.html"
     fieldsets = (
         (None, {"fields": ("id", "machine", "fsm_version", "step", "status", "queue", "priority", "attempt",
-                           "eligible_at", "correlation_key", "inserted_at", "updated_at")}),
+                           "eligible_at", "correlation_key", "inserted_at", "updated_at", "running")}),
         ("State and outcome", {"fields": ("state_pretty", "result_pretty", "last_error_pretty",
                                           "last_traceback_pretty", "attempt_log_pretty")}),
         ("Lease", {"fields": ("locked_by", "lease_expires_at")}),
@@ -215,6 +216,13 @@ class InstanceAdmin(admin.ModelAdmin):
         return super().changeform_view(request, object_id, form_url, extra_context)
 
     # --- detail fields -------------------------------------------------------------------
+    @admin.display(description="running")
+    def running(self, obj):
+        """Seconds an executing row's step has been running: since its claim (updated_at,
+        which nothing touches while it executes; an inline chain counts from the chain's
+        first step). The heartbeat renews the lease, not this. "—" when not executing."""
+        return running_text(obj)
+
     @admin.display(description="machine")
     def machine(self, obj):
         return obj.fsm
@@ -409,6 +417,25 @@ class InstanceAdmin(admin.ModelAdmin):
         if skipped:
             self.message_user(request, f"Skipped {len(skipped)}: " + "; ".join(skipped[:20])
                               + (" …" if len(skipped) > 20 else ""), messages.WARNING)
+
+
+def running_seconds(obj, now=None) -> float | None:
+    """Seconds since an executing instance was claimed (updated_at); None otherwise."""
+    if obj.status != "executing" or obj.updated_at is None:
+        return None
+    now = now or timezone.now()
+    return max((now - obj.updated_at).total_seconds(), 0.0)
+
+
+def running_text(obj) -> str:
+    seconds = running_seconds(obj)
+    if seconds is None:
+        return "—"
+    slow = get_settings().SLOW_STEP_SECONDS
+    text = f"{seconds:,.0f} s"
+    if slow is not None and seconds >= slow:
+        return format_html('<span class="gd-warn" title="over SLOW_STEP_SECONDS ({} s)">{}</span>', f"{slow:g}", text)
+    return text
 
 
 def _more(n, url, what):

@@ -10,7 +10,8 @@ size of the table (docs/admin.md lists them with their plans):
   gen_durable_pick), those a live worker serves and the paused ones; per queue the
   runnable and due rows (counted up to COUNT_CAP), the oldest due row's age, the
   executing rows (gen_durable_lease) and the planner's estimates for the other statuses;
-- workers: the worker registry and the executing rows per claimant (`locked_by`);
+- workers: the worker registry and the executing rows per claimant (`locked_by`), with
+  each claimant's longest-running step ("longest running", from the same statement);
 - schedules: the configured cron schedules, next run and last run (gen_durable_schedules,
   by primary key; nothing is read when none is configured);
 - completions: rows finished per minute over the last hour (gen_durable_gc, index only),
@@ -27,6 +28,7 @@ from .statuses import Status
 
 COUNT_CAP = 10_000
 CHART_MINUTES = 60
+LONGEST_RUNNING = 10  # rows of the "longest running" table (one per claimant and queue)
 ESTIMATED = ("awaiting_signal", "awaiting_children", "done", "failed")
 
 
@@ -81,7 +83,7 @@ def queues_section(using=None) -> dict:
             for q in w["queues"]:
                 served[q] = served.get(q, 0) + 1
     executing: dict = {}
-    for _locked_by, queue, n, _lease in db.fetchall(sql.OVERVIEW_EXECUTING, None, using):
+    for _locked_by, queue, n, *_rest in db.fetchall(sql.OVERVIEW_EXECUTING, None, using):
         executing[queue] = executing.get(queue, 0) + n
     names = sorted(set(configured_queues()) | set(runnable_queues) | set(paused) | set(served) | set(executing))
     depth = queue_depth(names, using)
@@ -112,12 +114,20 @@ def workers_section(using=None) -> dict:
     workers = live_workers(using)
     by_token = {w["id"]: w for w in workers}
     claims = []
-    for locked_by, queue, n, lease in db.fetchall(sql.OVERVIEW_EXECUTING, None, using):
+    for locked_by, queue, n, lease, id_, fsm, step, attempt, running in db.fetchall(sql.OVERVIEW_EXECUTING, None, using):
         token = (locked_by or "").rsplit(":", 1)[-1]
         claims.append({"locked_by": locked_by, "queue": queue, "count": n, "lease_min": lease,
-                       "worker": by_token.get(token)})
+                       "worker": by_token.get(token), "id": id_, "fsm": fsm, "step": step, "attempt": attempt,
+                       "running": max(running or 0.0, 0.0)})
+    slow = get_settings().SLOW_STEP_SECONDS
+    # The longest-running step of each claimant, longest first: a hung step shows here
+    # however healthy its lease looks (the heartbeat renews it).
+    longest = sorted(claims, key=lambda c: -c["running"])[:LONGEST_RUNNING]
+    for c in longest:
+        c["running_text"] = f"{c['running']:,.0f} s"
+        c["slow"] = slow is not None and c["running"] >= slow
     return {"template": "admin/gen_durable/overview/workers.html", "title": "Workers",
-            "workers": workers, "claims": claims}
+            "workers": workers, "claims": claims, "longest": longest, "slow_after": slow}
 
 
 def completions_section(using=None) -> dict:
