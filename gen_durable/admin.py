@@ -110,8 +110,11 @@ class CancelForm(forms.Form):
                              help_text="Stored as the instance's last_error.")
 
 
+AUDIT_REASON_HELP = "Optional: why — kept with who and when in the admin log (the instance's History)."
+
+
 class RetryForm(forms.Form):
-    pass
+    reason = forms.CharField(max_length=MAX_REASON_LENGTH, required=False, help_text=AUDIT_REASON_HELP)
 
 
 class SignalForm(forms.Form):
@@ -120,6 +123,7 @@ class SignalForm(forms.Form):
                               help_text="JSON (an object, list, string, number, true/false or null).")
     dedup_key = forms.CharField(max_length=MAX_NAME_LENGTH, required=False,
                                 help_text="Optional: a redelivery with the same key to the same instance is a no-op.")
+    reason = forms.CharField(max_length=MAX_REASON_LENGTH, required=False, help_text=AUDIT_REASON_HELP)
 
     def clean_payload(self):
         try:
@@ -410,6 +414,7 @@ class InstanceAdmin(admin.ModelAdmin):
             except GenDurableError as exc:
                 skipped.append(f"#{id_} ({exc})")
         if done:
+            audit_instances(request, done, audit_message(action, data))
             shown = ", ".join(f"#{i}" for i in done[:20]) + (" …" if len(done) > 20 else "")
             count = f"{len(done)} instance{'s' if len(done) != 1 else ''} ({shown})"
             if action == "signal":
@@ -420,6 +425,48 @@ class InstanceAdmin(admin.ModelAdmin):
         if skipped:
             self.message_user(request, f"Skipped {len(skipped)}: " + "; ".join(skipped[:20])
                               + (" …" if len(skipped) > 20 else ""), messages.WARNING)
+
+
+# --- audit trail (django.contrib.admin's LogEntry) ---------------------------------------
+def audit_message(action: str, data: dict) -> str:
+    """The change message of an admin action: what was done and the operator's reason."""
+    reason = (data.get("reason") or "").strip()
+    if action == "cancel":
+        what = "Cancelled (admin action)"
+    elif action == "retry":
+        what = "Retried now (admin action)"
+    else:
+        what = f"Delivered signal {data['name']!r} (admin action)"
+        if data.get("dedup_key"):
+            what += f", dedup key {data['dedup_key']!r}"
+        what += f", payload {json.dumps(data.get('payload'), cls=DjangoJSONEncoder, ensure_ascii=False)[:500]}"
+    return f"{what}; reason: {reason}" if reason else f"{what}; no reason given"
+
+
+def audit_instances(request, ids, message) -> None:
+    """One LogEntry (action CHANGE) per instance an admin action changed, written in one
+    INSERT: who (request.user), when (action_time), what and why (message); shown on the
+    instance's History page and in the admin's recent actions."""
+    from django.contrib.admin.models import CHANGE, LogEntry
+    from django.contrib.contenttypes.models import ContentType
+
+    content_type = ContentType.objects.get_for_model(Instance)
+    rows = Instance.objects.using(database_alias()).filter(id__in=ids).only("id", "fsm", "step", "status")
+    LogEntry.objects.bulk_create([
+        LogEntry(user_id=request.user.pk, content_type=content_type, object_id=str(row.id),
+                 object_repr=str(row)[:200], action_flag=CHANGE, change_message=message)
+        for row in rows])
+
+
+def audit_queue(request, queue, message) -> None:
+    """A LogEntry for a pause or resume of `queue` (content type: the queue overview)."""
+    from django.contrib.admin.models import CHANGE, LogEntry
+    from django.contrib.contenttypes.models import ContentType
+
+    LogEntry.objects.create(
+        user_id=request.user.pk, action_flag=CHANGE, change_message=message,
+        content_type=ContentType.objects.get_for_model(QueueOverview, for_concrete_model=False),
+        object_id=queue[:255], object_repr=f"queue {queue}"[:200])
 
 
 def running_seconds(obj, now=None) -> float | None:
@@ -579,13 +626,16 @@ class QueueOverviewAdmin(admin.ModelAdmin):
             raise PermissionDenied
         queue, op = request.POST.get("queue", ""), request.POST.get("op")
         try:
+            if op in ("pause", "resume"):
+                changed = calls.pause_queue(queue) if op == "pause" else calls.resume_queue(queue)
+                if changed:
+                    audit_queue(request, queue, f"{'Paused' if op == 'pause' else 'Resumed'} queue {queue!r} "
+                                                "in the queue overview")
             if op == "pause":
-                changed = calls.pause_queue(queue)
                 self.message_user(request, f"Queue {queue!r} paused: workers stop claiming from it within about "
                                            "a second." if changed else f"Queue {queue!r} was already paused.",
                                   messages.SUCCESS if changed else messages.WARNING)
             elif op == "resume":
-                changed = calls.resume_queue(queue)
                 self.message_user(request, f"Queue {queue!r} resumed." if changed
                                   else f"Queue {queue!r} was not paused.",
                                   messages.SUCCESS if changed else messages.WARNING)
