@@ -6,7 +6,7 @@ Built for tables of millions of rows (docs/admin.md):
 - changelists never count the whole table (`EstimatedCountPaginator`, its estimate
   labelled "≈"; `show_full_result_count = False`; Django's facets off), sort only by the primary key, filter on choices
   taken from the settings and the machine registry (never `SELECT DISTINCT`), and search
-  by exact id or exact live correlation key (index lookups, never `icontains`);
+  by exact id or exact correlation key, live or not (index lookups, never `icontains`);
 - the detail page shows the newest INLINE_LIMIT inbox rows and children, with a count
   of the rest and a link to them;
 - actions (cancel, retry now, deliver a signal) go through the public calls, need the
@@ -110,6 +110,7 @@ class CancelForm(forms.Form):
                              help_text="Stored as the instance's last_error.")
 
 
+SEARCH_LIMIT = 1000  # rows a correlation-key search lists at most (a key reused by many finished rows)
 AUDIT_REASON_HELP = "Optional: why — kept with who and when in the admin log (the instance's History)."
 
 
@@ -151,7 +152,7 @@ class InstanceAdmin(admin.ModelAdmin):
     list_display_links = ("id",)
     list_filter = (StatusFilter, QueueFilter, MachineFilter)
     search_fields = ("=id",)  # shows the search box; get_search_results does exact lookups only
-    search_help_text = "An instance id, or the exact correlation key of a live instance."
+    search_help_text = "An instance id, or an exact correlation key (live, finished or failed instances)."
     ordering = ("-id",)
     sortable_by = ("id",)  # the primary key is the one index every row is in
     show_full_result_count = False
@@ -204,10 +205,11 @@ class InstanceAdmin(admin.ModelAdmin):
             return queryset, False
         from . import db
 
-        # correlation_guard is the indexed (gen_durable_correlation) copy of a live key.
-        # Resolved first, so the list's query is a primary-key lookup: an OR of the two
-        # conditions in one WHERE makes the planner walk the whole primary key.
-        ids = [r[0] for r in db.fetchall("SELECT id FROM gen_durable WHERE correlation_guard = %s", (term,))]
+        # Every row with this key, live or finished (gen_durable_correlation_key), newest
+        # SEARCH_LIMIT. Resolved first, so the list's query is a primary-key lookup: an OR
+        # of the two conditions in one WHERE makes the planner walk the whole primary key.
+        ids = [r[0] for r in db.fetchall("SELECT id FROM gen_durable WHERE correlation_key = %s "
+                                         "ORDER BY id DESC LIMIT %s", (term, SEARCH_LIMIT))]
         id_ = _exact_id(term)
         if id_ is not None:
             ids.append(id_)

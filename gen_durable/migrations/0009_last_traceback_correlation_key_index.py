@@ -1,15 +1,23 @@
-"""Add `last_traceback`: the formatted traceback of the instance's last failed attempt.
+"""Add `last_traceback` and an index of every correlation key (operator visibility).
 
+`last_traceback`: the formatted traceback of the instance's last failed attempt.
 Written by the same flush UPDATE that writes `last_error` (no statement more), bounded
 to MAX_TRACEBACK_LENGTH characters (gen_durable/outcomes.py, 8192), cleared when a
 reaper, a shutdown or a cancel sets a `last_error` that no exception raised. Adding a
 nullable column without a default rewrites nothing (instant on a table of any size).
+
+`gen_durable_correlation_key`: (correlation_key) WHERE correlation_key IS NOT NULL, so
+`gd.get(key)` and the admin's search find a finished or failed instance by its key too
+(the unique `gen_durable_correlation` holds only the keys of rows in their scope, the
+live ones by default). Built CONCURRENTLY (the migration is not atomic): writers are
+not blocked while it builds on a large table. Rows without a key are not in it.
 """
 
 from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
+    atomic = False  # CREATE INDEX CONCURRENTLY cannot run inside a transaction
     dependencies = [("gen_durable", "0007_instance_fillfactor_50")]
 
     operations = [
@@ -23,5 +31,10 @@ class Migration(migrations.Migration):
                     field=models.TextField(blank=True, editable=False, null=True),
                 ),
             ],
+        ),
+        migrations.RunSQL(
+            "CREATE INDEX CONCURRENTLY IF NOT EXISTS gen_durable_correlation_key ON gen_durable (correlation_key) "
+            "WHERE correlation_key IS NOT NULL",
+            "DROP INDEX CONCURRENTLY IF EXISTS gen_durable_correlation_key",
         ),
     ]
