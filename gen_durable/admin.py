@@ -25,6 +25,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.http import HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
+from django.db.models.functions import Substr
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
@@ -110,6 +111,7 @@ class CancelForm(forms.Form):
                              help_text="Stored as the instance's last_error.")
 
 
+ERROR_COLUMN = 60  # characters of last_error in the instances list
 SEARCH_LIMIT = 1000  # rows a correlation-key search lists at most (a key reused by many finished rows)
 AUDIT_REASON_HELP = "Optional: why — kept with who and when in the admin log (the instance's History)."
 
@@ -148,7 +150,7 @@ ACTIONS = {
 @admin.register(Instance)
 class InstanceAdmin(admin.ModelAdmin):
     list_display = ("id", "machine", "step", "status", "running", "queue", "priority", "attempt", "eligible_at",
-                    "correlation_key", "updated_at")
+                    "correlation_key", "updated_at", "error")
     list_display_links = ("id",)
     list_filter = (StatusFilter, QueueFilter, MachineFilter)
     search_fields = ("=id",)  # shows the search box; get_search_results does exact lookups only
@@ -163,6 +165,7 @@ class InstanceAdmin(admin.ModelAdmin):
     list_per_page = 50
     actions = ("cancel_selected", "retry_selected", "signal_selected")
     change_form_template = "admin/gen_durable/instance/change_form.html"
+    change_list_template = "admin/gen_durable/instance/change_list.html"
     fieldsets = (
         (None, {"fields": ("id", "machine", "fsm_version", "step", "status", "queue", "priority", "attempt",
                            "eligible_at", "correlation_key", "inserted_at", "updated_at", "running")}),
@@ -192,7 +195,9 @@ class InstanceAdmin(admin.ModelAdmin):
             # The list shows none of the JSON columns; a row's state can be large.
             heavy = [f.name for f in Instance._meta.concrete_fields
                      if f.name in ("state", "result", "last_error", "last_traceback", "attempt_log")]
-            qs = qs.defer(*heavy)
+            # The error column: the first ERROR_COLUMN characters, cut by Postgres (a
+            # last_error may be 4,000 characters; a page never ships 50 of them whole).
+            qs = qs.defer(*heavy).annotate(error_head=Substr("last_error", 1, ERROR_COLUMN + 1))
         return qs
 
     def lookup_allowed(self, lookup, value, request=None):
@@ -231,6 +236,15 @@ class InstanceAdmin(admin.ModelAdmin):
         which nothing touches while it executes; an inline chain counts from the chain's
         first step). The heartbeat renews the lease, not this. "—" when not executing."""
         return running_text(obj)
+
+    @admin.display(description="error")
+    def error(self, obj):
+        """last_error cut to ERROR_COLUMN characters (the whole text is on the detail page)."""
+        text = getattr(obj, "error_head", None)
+        if not text:
+            return "—"
+        short = text if len(text) <= ERROR_COLUMN else text[:ERROR_COLUMN - 1] + "…"
+        return format_html('<span class="gd-error" title="{}">{}</span>', text, short)
 
     @admin.display(description="machine")
     def machine(self, obj):

@@ -15,7 +15,8 @@ size of the table (docs/admin.md lists them with their plans):
 - schedules: the configured cron schedules, next run and last run (gen_durable_schedules,
   by primary key; nothing is read when none is configured);
 - completions: rows finished per minute over the last hour (gen_durable_gc, index only),
-  drawn as a server-rendered SVG bar chart.
+  the failed ones in red (gen_durable_failed, index only), drawn as a server-rendered
+  SVG bar chart.
 """
 
 from __future__ import annotations
@@ -134,23 +135,30 @@ def completions_section(using=None) -> dict:
     rows = db.fetchall(sql.OVERVIEW_COMPLETIONS, {"minutes": CHART_MINUTES}, using)
     now_row = db.fetchone("SELECT date_trunc('minute', now())", None, using)
     end = now_row[0]
-    counts = {m: n for m, n in rows}
+    counts = {m: n for m, n, failed in rows if not failed}
+    failures = {m: n for m, n, failed in rows if failed}
     minutes = [end - dt.timedelta(minutes=CHART_MINUTES - 1 - i) for i in range(CHART_MINUTES)]
     series = [counts.get(m, 0) for m in minutes]
+    failed = [min(failures.get(m, 0), n) for m, n in zip(minutes, series)]
     return {"template": "admin/gen_durable/overview/completions.html", "title": "Completions per minute (last hour)",
-            "chart": bar_chart(series, minutes), "total": sum(series)}
+            "chart": bar_chart(series, minutes, failed=failed), "total": sum(series), "failed": sum(failed)}
 
 
-def bar_chart(series, minutes, width=600, height=120, pad=30) -> dict:
-    """Geometry of an SVG bar chart of `series` (one bar per minute); no JavaScript."""
+def bar_chart(series, minutes, width=600, height=120, pad=30, failed=None) -> dict:
+    """Geometry of an SVG bar chart of `series` (one bar per minute); no JavaScript.
+
+    failed: per minute, how many of the bar's rows failed — drawn as the bar's lower,
+    red part (`fh`, from the baseline up), the rest above it."""
     top = max(series) if series else 0
     scale = (height - 10) / top if top else 0
     bar_w = (width - pad) / max(len(series), 1)
+    failed = failed or [0] * len(series)
     bars = []
-    for i, (n, minute) in enumerate(zip(series, minutes)):
-        h = n * scale
+    for i, (n, f, minute) in enumerate(zip(series, failed, minutes)):
+        h, fh = n * scale, f * scale
         bars.append({"x": round(pad + i * bar_w, 2), "y": round(height - h, 2), "w": round(max(bar_w - 1, 1), 2),
-                     "h": round(h, 2), "n": n, "label": minute.strftime("%H:%M")})
+                     "h": round(h - fh, 2), "n": n, "failed": f, "fy": round(height - fh, 2), "fh": round(fh, 2),
+                     "label": minute.strftime("%H:%M")})
     return {"width": width, "height": height + 20, "plot_h": height, "pad": pad, "bars": bars, "max": top,
             "first": minutes[0].strftime("%H:%M") if minutes else "", "last": minutes[-1].strftime("%H:%M") if minutes else ""}
 
