@@ -35,9 +35,9 @@ def test_changelist_and_detail_show_seconds_running_and_flag_a_slow_step(admin_c
     _claimed_ago(fresh, 12)
     body = admin_client.get(CHANGELIST, {"queue": queue_name}).content.decode()
     rows = {int(m.group(1)): m.group(0) for m in re.finditer(r'<tr>.*?>(\d+)</a>.*?</tr>', body, re.S)}
-    assert re.search(r'class="gd-warn"[^>]*>4,0\d\d s<', rows[hung.id])
-    assert re.search(r">1\d s<", rows[fresh.id]) and "gd-warn" not in rows[fresh.id]
-    assert 'class="field-running">—<' in rows[waiting.id]
+    assert re.search(r'Executing · <span class="gd-warn"[^>]*>4,0\d\d s<', rows[hung.id])
+    assert re.search(r"Executing · 1\d s<", rows[fresh.id]) and "gd-warn" not in rows[fresh.id]
+    assert 'class="field-status_running">Runnable<' in rows[waiting.id]
     detail = admin_client.get(reverse("admin:gen_durable_instance_change", args=[hung.id])).content.decode()
     assert re.search(r">4,0\d\d s<", detail)
 
