@@ -101,7 +101,10 @@ def test_pick_touches_about_a_batch_of_rows_when_run(scale):
     ("SIGNAL", {"id": 1, "key": None, "name": "go", "payload": "{}", "dedup_key": None}),
     ("SIGNAL", {"id": None, "key": "order:1", "name": "go", "payload": "{}", "dedup_key": None}),
     ("GET", {"id": 1, "key": None}),
-    ("GET", {"id": None, "key": "order:1"}),  # a finished instance's key too (gen_durable_correlation_key)
+    ("GET", {"id": None, "key": "order:1"}),
+    ("BULK_SELECT", {"after": 0, "window": 20000, "statuses": ["failed"], "queue": "q1", "fsm": None,
+                     "batch": 1000}),
+    ("BULK_MOVE", {"ids": list(range(1, 1001)), "queue": "q9"}),  # a finished instance's key too (gen_durable_correlation_key)
     ("CANCEL", {"id": None, "key": "order:1", "reason": "x"}),
     ("INSERT", {"fsm": "f", "fsm_version": 1, "step": "s", "state": "{}", "queue": "q", "priority": 0,
                 "at": None, "delay": 0.0, "concurrency_key": None, "rate_limit": None, "weight": 1.0,
