@@ -6,11 +6,13 @@ to MAX_TRACEBACK_LENGTH characters (gen_durable/outcomes.py, 8192), cleared when
 reaper, a shutdown or a cancel sets a `last_error` that no exception raised. Adding a
 nullable column without a default rewrites nothing (instant on a table of any size).
 
-`gen_durable_correlation_key`: (correlation_key) WHERE correlation_key IS NOT NULL, so
+`gen_durable_correlation_key`: hash (correlation_key) WHERE correlation_key IS NOT NULL, so
 `gd.get(key)` and the admin's search find a finished or failed instance by its key too
 (the unique `gen_durable_correlation` holds only the keys of rows in their scope, the
 live ones by default). Built CONCURRENTLY (the migration is not atomic): writers are
-not blocked while it builds on a large table. Rows without a key are not in it.
+not blocked while it builds on a large table. Rows without a key are not in it. A hash
+index (equality is all it serves) holds a 4-byte hash per key, so a key written before
+keys were bounded (longer than a btree entry allows) cannot fail the migration or a write.
 
 `gen_durable_failed`: (updated_at) WHERE status = 'failed', so the overview's chart
 counts failures per minute from an index alone (as gen_durable_gc counts every finished
@@ -42,8 +44,8 @@ class Migration(migrations.Migration):
             "DROP INDEX CONCURRENTLY IF EXISTS gen_durable_failed",
         ),
         migrations.RunSQL(
-            "CREATE INDEX CONCURRENTLY IF NOT EXISTS gen_durable_correlation_key ON gen_durable (correlation_key) "
-            "WHERE correlation_key IS NOT NULL",
+            "CREATE INDEX CONCURRENTLY IF NOT EXISTS gen_durable_correlation_key ON gen_durable "
+            "USING hash (correlation_key) WHERE correlation_key IS NOT NULL",
             "DROP INDEX CONCURRENTLY IF EXISTS gen_durable_correlation_key",
         ),
     ]
