@@ -74,6 +74,9 @@ def pages(cur):
         ("instances", "/admin/gen_durable/instance/"),
         ("instances, status = runnable", "/admin/gen_durable/instance/?status=runnable"),
         ("instances, status = failed", "/admin/gen_durable/instance/?status=failed"),
+        # "Show counts" (Django's facets) is off: the same statements as without it.
+        ("instances, show counts", "/admin/gen_durable/instance/?_facets=True"),
+        ("instances, failed, show counts", "/admin/gen_durable/instance/?status=failed&_facets=True"),
         ("instances, status = executing", "/admin/gen_durable/instance/?status=executing"),
         ("instances, queue q1 runnable", "/admin/gen_durable/instance/?queue=q1&status=runnable"),
         ("instances, machine", "/admin/gen_durable/instance/?machine=shop.Pipeline"),

@@ -7,6 +7,7 @@ from .calls import (
     acancel, ainsert, ainsert_all, apause_queue, apaused_queues, aresume_queue, aretry, asignal, cancel,
     insert, insert_all, pause_queue, paused_queues, resume_queue, retry, signal,
 )
+from .bulk import BulkResult, cancel_where, move_where, retry_where
 from .exceptions import (
     DuplicateInstance,
     GenDurableError,
@@ -34,4 +35,5 @@ __all__ = [
     "await_result", "cancel", "get", "insert", "insert_all", "job", "signal", "step",
     "apause_queue", "apaused_queues", "aresume_queue", "aretry", "pause_queue", "paused_queues",
     "resume_queue", "retry", "Producer", "flush_async", "insert_async",
+    "BulkResult", "cancel_where", "move_where", "retry_where",
 ]

@@ -3,10 +3,10 @@
 Installing the app registers everything; nothing to write in a project's admin.py.
 Built for tables of millions of rows (docs/admin.md):
 
-- changelists never count the whole table (`EstimatedCountPaginator`,
-  `show_full_result_count = False`), sort only by the primary key, filter on choices
+- changelists never count the whole table (`EstimatedCountPaginator`, its estimate
+  labelled "≈"; `show_full_result_count = False`; Django's facets off), sort only by the primary key, filter on choices
   taken from the settings and the machine registry (never `SELECT DISTINCT`), and search
-  by exact id or exact live correlation key (index lookups, never `icontains`);
+  by exact id or exact correlation key, live or not (index lookups, never `icontains`);
 - the detail page shows the newest INLINE_LIMIT inbox rows and children, with a count
   of the rest and a link to them;
 - actions (cancel, retry now, deliver a signal) go through the public calls, need the
@@ -25,6 +25,8 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.http import HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
+from django.db.models.functions import Substr
+from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 
@@ -177,8 +179,13 @@ class CancelForm(forms.Form):
                              help_text="Stored as the instance's last_error.")
 
 
+ERROR_COLUMN = 60  # characters of last_error in the instances list
+SEARCH_LIMIT = 1000  # rows a correlation-key search lists at most (a key reused by many finished rows)
+AUDIT_REASON_HELP = "Optional: why — kept with who and when in the admin log (the instance's History)."
+
+
 class RetryForm(forms.Form):
-    pass
+    reason = forms.CharField(max_length=MAX_REASON_LENGTH, required=False, help_text=AUDIT_REASON_HELP)
 
 
 class SignalForm(forms.Form):
@@ -187,6 +194,7 @@ class SignalForm(forms.Form):
                               help_text="JSON (an object, list, string, number, true/false or null).")
     dedup_key = forms.CharField(max_length=MAX_NAME_LENGTH, required=False,
                                 help_text="Optional: a redelivery with the same key to the same instance is a no-op.")
+    reason = forms.CharField(max_length=MAX_REASON_LENGTH, required=False, help_text=AUDIT_REASON_HELP)
 
     def clean_payload(self):
         try:
@@ -209,24 +217,30 @@ ACTIONS = {
 
 @admin.register(Instance)
 class InstanceAdmin(admin.ModelAdmin):
-    list_display = ("id", "machine", "step", "status", "queue", "priority", "attempt", "eligible_at",
-                    "correlation_key", "updated_at")
+    # Fits a 1400 px window beside the filters: status carries the seconds running, the
+    # time is compact; priority, eligible_at and whole timestamps are on the detail page.
+    list_display = ("id", "machine", "step", "status_running", "queue", "attempt", "updated",
+                    "correlation_key", "error")
     list_display_links = ("id",)
     list_filter = (DatabaseFilter, StatusFilter, QueueFilter, MachineFilter)
     search_fields = ("=id",)  # shows the search box; get_search_results does exact lookups only
-    search_help_text = "An instance id, or the exact correlation key of a live instance."
+    search_help_text = "An instance id, or an exact correlation key (live, finished or failed instances)."
     ordering = ("-id",)
     sortable_by = ("id",)  # the primary key is the one index every row is in
     show_full_result_count = False
+    # Django's "Show counts" (facets) counts every filter choice over the filtered rows:
+    # more than 10 minutes at 1,000,000 rows. Off, so every page stays bounded.
+    show_facets = admin.ShowFacets.NEVER
     paginator = EstimatedCountPaginator
     list_per_page = 50
     actions = ("cancel_selected", "retry_selected", "signal_selected")
     change_form_template = "admin/gen_durable/instance/change_form.html"
+    change_list_template = "admin/gen_durable/instance/change_list.html"
     fieldsets = (
         (None, {"fields": ("id", "machine", "fsm_version", "step", "status", "queue", "priority", "attempt",
-                           "eligible_at", "correlation_key", "inserted_at", "updated_at")}),
+                           "eligible_at", "correlation_key", "inserted_at", "updated_at", "running")}),
         ("State and outcome", {"fields": ("state_pretty", "result_pretty", "last_error_pretty",
-                                          "attempt_log_pretty")}),
+                                          "last_traceback_pretty", "attempt_log_pretty")}),
         ("Lease", {"fields": ("locked_by", "lease_expires_at")}),
         ("Waiting", {"fields": ("awaits", "await_deadline", "parent_link", "children_pending")}),
         ("Limits", {"fields": ("concurrency_key_info", "concurrency_shard", "rate_limit_info", "weight")}),
@@ -250,8 +264,10 @@ class InstanceAdmin(admin.ModelAdmin):
         if match is not None and match.url_name == "gen_durable_instance_changelist":
             # The list shows none of the JSON columns; a row's state can be large.
             heavy = [f.name for f in Instance._meta.concrete_fields
-                     if f.name in ("state", "result", "last_error", "attempt_log")]
-            qs = qs.defer(*heavy)
+                     if f.name in ("state", "result", "last_error", "last_traceback", "attempt_log")]
+            # The error column: the first ERROR_COLUMN characters, cut by Postgres (a
+            # last_error may be 4,000 characters; a page never ships 50 of them whole).
+            qs = qs.defer(*heavy).annotate(error_head=Substr("last_error", 1, ERROR_COLUMN + 1))
         return qs
 
     def lookup_allowed(self, lookup, value, request=None):
@@ -264,10 +280,11 @@ class InstanceAdmin(admin.ModelAdmin):
             return queryset, False
         from . import db
 
-        # correlation_guard is the indexed (gen_durable_correlation) copy of a live key.
-        # Resolved first, so the list's query is a primary-key lookup: an OR of the two
-        # conditions in one WHERE makes the planner walk the whole primary key.
-        ids = [r[0] for r in db.fetchall("SELECT id FROM gen_durable WHERE correlation_guard = %s", (term,),
+        # Every row with this key, live or finished (gen_durable_correlation_key), newest
+        # SEARCH_LIMIT. Resolved first, so the list's query is a primary-key lookup: an OR
+        # of the two conditions in one WHERE makes the planner walk the whole primary key.
+        ids = [r[0] for r in db.fetchall("SELECT id FROM gen_durable WHERE correlation_key = %s "
+                                         "ORDER BY id DESC LIMIT %s", (term, SEARCH_LIMIT),
                                          request_alias(request))]
         id_ = _exact_id(term)
         if id_ is not None:
@@ -286,6 +303,34 @@ class InstanceAdmin(admin.ModelAdmin):
         return super().changeform_view(request, object_id, form_url, extra_context)
 
     # --- detail fields -------------------------------------------------------------------
+    @admin.display(description="running")
+    def running(self, obj):
+        """Seconds an executing row's step has been running: since its claim (updated_at,
+        which nothing touches while it executes; an inline chain counts from the chain's
+        first step). The heartbeat renews the lease, not this. "—" when not executing."""
+        return running_text(obj)
+
+    @admin.display(description="status")
+    def status_running(self, obj):
+        """The status; for an executing row also its seconds running (see `running`)."""
+        label = Status(obj.status).label if obj.status in Status.values else obj.status
+        if obj.status != "executing":
+            return label
+        return format_html("{} · {}", label, running_text(obj))
+
+    @admin.display(description="updated")
+    def updated(self, obj):
+        return compact_time(obj.updated_at)
+
+    @admin.display(description="error")
+    def error(self, obj):
+        """last_error cut to ERROR_COLUMN characters (the whole text is on the detail page)."""
+        text = getattr(obj, "error_head", None)
+        if not text:
+            return "—"
+        short = text if len(text) <= ERROR_COLUMN else text[:ERROR_COLUMN - 1] + "…"
+        return format_html('<span class="gd-error" title="{}">{}</span>', text, short)
+
     @admin.display(description="machine")
     def machine(self, obj):
         return obj.fsm
@@ -305,6 +350,13 @@ class InstanceAdmin(admin.ModelAdmin):
     @admin.display(description="last error")
     def last_error_pretty(self, obj):
         return format_html("<pre class=\"gd-json\">{}</pre>", obj.last_error) if obj.last_error else "—"
+
+    @admin.display(description="traceback")
+    def last_traceback_pretty(self, obj):
+        """The last failed attempt's traceback (file, line, code of each frame)."""
+        if not obj.last_traceback:
+            return "—"
+        return format_html("<pre class=\"gd-json gd-traceback\">{}</pre>", obj.last_traceback)
 
     @admin.display(description="concurrency key")
     def concurrency_key_info(self, obj):
@@ -470,6 +522,7 @@ class InstanceAdmin(admin.ModelAdmin):
             except GenDurableError as exc:
                 skipped.append(f"#{id_} ({exc})")
         if done:
+            audit_instances(request, done, audit_message(action, data))
             shown = ", ".join(f"#{i}" for i in done[:20]) + (" …" if len(done) > 20 else "")
             count = f"{len(done)} instance{'s' if len(done) != 1 else ''} ({shown})"
             if action == "signal":
@@ -480,6 +533,76 @@ class InstanceAdmin(admin.ModelAdmin):
         if skipped:
             self.message_user(request, f"Skipped {len(skipped)}: " + "; ".join(skipped[:20])
                               + (" …" if len(skipped) > 20 else ""), messages.WARNING)
+
+
+# --- audit trail (django.contrib.admin's LogEntry) ---------------------------------------
+def audit_message(action: str, data: dict) -> str:
+    """The change message of an admin action: what was done and the operator's reason."""
+    reason = (data.get("reason") or "").strip()
+    if action == "cancel":
+        what = "Cancelled (admin action)"
+    elif action == "retry":
+        what = "Retried now (admin action)"
+    else:
+        what = f"Delivered signal {data['name']!r} (admin action)"
+        if data.get("dedup_key"):
+            what += f", dedup key {data['dedup_key']!r}"
+        what += f", payload {json.dumps(data.get('payload'), cls=DjangoJSONEncoder, ensure_ascii=False)[:500]}"
+    return f"{what}; reason: {reason}" if reason else f"{what}; no reason given"
+
+
+def audit_instances(request, ids, message) -> None:
+    """One LogEntry (action CHANGE) per instance an admin action changed, written in one
+    INSERT: who (request.user), when (action_time), what and why (message); shown on the
+    instance's History page and in the admin's recent actions."""
+    from django.contrib.admin.models import CHANGE, LogEntry
+    from django.contrib.contenttypes.models import ContentType
+
+    content_type = ContentType.objects.get_for_model(Instance)
+    rows = Instance.objects.using(database_alias()).filter(id__in=ids).only("id", "fsm", "step", "status")
+    LogEntry.objects.bulk_create([
+        LogEntry(user_id=request.user.pk, content_type=content_type, object_id=str(row.id),
+                 object_repr=str(row)[:200], action_flag=CHANGE, change_message=message)
+        for row in rows])
+
+
+def audit_queue(request, queue, message) -> None:
+    """A LogEntry for a pause or resume of `queue` (content type: the queue overview)."""
+    from django.contrib.admin.models import CHANGE, LogEntry
+    from django.contrib.contenttypes.models import ContentType
+
+    LogEntry.objects.create(
+        user_id=request.user.pk, action_flag=CHANGE, change_message=message,
+        content_type=ContentType.objects.get_for_model(QueueOverview, for_concrete_model=False),
+        object_id=queue[:255], object_repr=f"queue {queue}"[:200])
+
+
+def compact_time(value) -> str:
+    """`MM-DD HH:MM:SS` in the current time zone (the whole timestamp in the title)."""
+    if value is None:
+        return "—"
+    local = timezone.localtime(value)
+    return format_html('<span title="{}">{}</span>', local.isoformat(sep=" ", timespec="seconds"),
+                       local.strftime("%m-%d %H:%M:%S"))
+
+
+def running_seconds(obj, now=None) -> float | None:
+    """Seconds since an executing instance was claimed (updated_at); None otherwise."""
+    if obj.status != "executing" or obj.updated_at is None:
+        return None
+    now = now or timezone.now()
+    return max((now - obj.updated_at).total_seconds(), 0.0)
+
+
+def running_text(obj) -> str:
+    seconds = running_seconds(obj)
+    if seconds is None:
+        return "—"
+    slow = get_settings().SLOW_STEP_SECONDS
+    text = f"{seconds:,.0f} s"
+    if slow is not None and seconds >= slow:
+        return format_html('<span class="gd-warn" title="over SLOW_STEP_SECONDS ({} s)">{}</span>', f"{slow:g}", text)
+    return text
 
 
 def _more(n, url, what):
@@ -496,6 +619,9 @@ class SignalAdmin(admin.ModelAdmin):
     ordering = ("-id",)
     sortable_by = ("id",)
     show_full_result_count = False
+    # Django's "Show counts" (facets) counts every filter choice over the filtered rows:
+    # more than 10 minutes at 1,000,000 rows. Off, so every page stays bounded.
+    show_facets = admin.ShowFacets.NEVER
     paginator = EstimatedCountPaginator
     list_per_page = 100
 
@@ -569,6 +695,9 @@ class BucketAdmin(ReadOnlyAdmin):
     list_filter = ("kind",)
     ordering = ("kind", "key", "shard")
     show_full_result_count = False
+    # Django's "Show counts" (facets) counts every filter choice over the filtered rows:
+    # more than 10 minutes at 1,000,000 rows. Off, so every page stays bounded.
+    show_facets = admin.ShowFacets.NEVER
     paginator = EstimatedCountPaginator
 
 
@@ -625,13 +754,17 @@ class QueueOverviewAdmin(admin.ModelAdmin):
         queue, op = request.POST.get("queue", ""), request.POST.get("op")
         using = request_alias(request)
         try:
+            if op in ("pause", "resume"):
+                changed = (calls.pause_queue(queue, using=using) if op == "pause"
+                           else calls.resume_queue(queue, using=using))
+                if changed:
+                    audit_queue(request, queue, f"{'Paused' if op == 'pause' else 'Resumed'} queue {queue!r} "
+                                                "in the queue overview")
             if op == "pause":
-                changed = calls.pause_queue(queue, using=using)
                 self.message_user(request, f"Queue {queue!r} paused: workers stop claiming from it within about "
                                            "a second." if changed else f"Queue {queue!r} was already paused.",
                                   messages.SUCCESS if changed else messages.WARNING)
             elif op == "resume":
-                changed = calls.resume_queue(queue, using=using)
                 self.message_user(request, f"Queue {queue!r} resumed." if changed
                                   else f"Queue {queue!r} was not paused.",
                                   messages.SUCCESS if changed else messages.WARNING)

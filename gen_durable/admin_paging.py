@@ -50,7 +50,7 @@ class EstimatedCountPaginator(Paginator):
         if estimate > CAP:
             self.estimated = True
             return estimate
-        exact = qs.order_by()[: CAP + 1].count()
+        exact = qs.order_by().values("pk")[: CAP + 1].count()  # no annotation is computed to count
         if exact > CAP:
             self.estimated = True
             return max(estimate, exact)

@@ -258,6 +258,19 @@ def check_max_step_seconds(app_configs=None, **kwargs):
 
 
 @register(Tags.compatibility)
+def check_slow_step_seconds(app_configs=None, **kwargs):
+    """E070: SLOW_STEP_SECONDS is seconds > 0, or None (no slow-step warning)."""
+    value = get_settings().SLOW_STEP_SECONDS
+    if value is None or (_num(value, positive=True) and math.isfinite(value)):
+        return []
+    return [Error(f"GEN_DURABLE['SLOW_STEP_SECONDS'] must be a finite number of seconds > 0 or None, "
+                  f"got {value!r}.",
+                  hint="A step running longer than this is reported once (a WARNING on gen_durable.worker "
+                       "and a step.slow telemetry event); None turns it off (docs/observability.md).",
+                  id=ID + "E070")]
+
+
+@register(Tags.compatibility)
 def check_schedules(app_configs=None, **kwargs):
     """E021: every cron schedule (GEN_DURABLE['SCHEDULES'] and Machine.schedule) is valid:
     a cron expression cronsim parses, a registered machine, a known IANA timezone, a

@@ -49,6 +49,9 @@ DEFAULTS: dict[str, Any] = {
     # Seconds a step may run when it sets no timeout of its own (None: unbounded);
     # past it the step is abandoned as a StepTimeout (docs/guide.md "Time").
     "MAX_STEP_SECONDS": 3600,
+    # Seconds after which a step still running is reported once: a WARNING on
+    # gen_durable.worker and a `step.slow` event (None: never). It keeps running.
+    "SLOW_STEP_SECONDS": 300,
     # Cron schedules: name -> {"cron", "machine", "state", "timezone", "catch_up"}
     # (gen_durable/schedules.py, docs/guide.md "Time").
     "SCHEDULES": {},
@@ -96,6 +99,7 @@ class Settings:
     DRAIN_TIMEOUT: float
     INLINE: dict
     MAX_STEP_SECONDS: Any
+    SLOW_STEP_SECONDS: Any
     SCHEDULES: Any
     PRODUCER: dict
     MAX_PAYLOAD_BYTES: int

@@ -236,9 +236,9 @@ class Machine:
         return {name: cls.timeout if t is None else t for name, t in own.items()}
 
     def handle(self, error: BaseException, ctx: Context):
-        """Turn an exception raised by a step into an outcome. Default: Stop(repr(error))
-        (a repr that raises is replaced by a description of the type; shortened to
-        MAX_REASON_LENGTH characters).
+        """Turn an exception raised by a step into an outcome. Default: Stop with
+        `Type: message` of the error (shortened to MAX_REASON_LENGTH characters; a
+        __str__ that raises is replaced by a description of the type).
 
         A step that ran past its timeout arrives here as `gd.StepTimeout`."""
         return Stop(describe(error))

@@ -70,6 +70,9 @@ class Instance(models.Model):
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     attempt = models.IntegerField(default=0)
     last_error = models.TextField(null=True, blank=True)
+    # The formatted traceback of the last failed attempt (at most MAX_TRACEBACK_LENGTH
+    # characters), written with last_error; NULL when last_error came from no exception.
+    last_traceback = models.TextField(null=True, blank=True, editable=False)
     await_deadline = models.DateTimeField(null=True, blank=True)
     parent = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.DO_NOTHING, db_constraint=False,

@@ -34,6 +34,9 @@ rate-limit and dedup keys. They are indexed, and a btree entry must fit a third 
 page; 255 characters (at most 1020 bytes of UTF-8) always does."""
 MAX_REASON_LENGTH = 4000
 """Characters in a reason given to Stop, Error, Cancel or cancel() (stored in last_error)."""
+MAX_TRACEBACK_LENGTH = 8192
+"""Characters of a failed attempt's traceback kept in last_traceback (a longer one keeps
+its first line and its innermost frames); the worker's log has it whole."""
 MAX_DELAY = 10 * 365 * 86400.0
 """Seconds: a delay, timeout or backoff beyond this (ten years) is clamped to it."""
 
@@ -102,10 +105,26 @@ def reason_text(value, what: str) -> str:
 
 
 def describe(value) -> str:
-    """repr(value) for last_error, at most MAX_REASON_LENGTH characters; never raises."""
+    """A description of `value` for last_error, at most MAX_REASON_LENGTH characters:
+    an exception as `Type: message` (error_text, the one format of a step's error),
+    anything else as repr(value). Never raises."""
     from .codec import safe_repr
 
+    if isinstance(value, BaseException):
+        return error_text(value)
     text = safe_repr(value)
+    return text if len(text) <= MAX_REASON_LENGTH else text[:MAX_REASON_LENGTH - 1] + "…"
+
+
+def error_text(error: BaseException) -> str:
+    """`Type: message` of an exception (`RuntimeError: smtp down`; the type alone when
+    the message is empty), at most MAX_REASON_LENGTH characters, NUL and lone surrogates
+    escaped. Never raises (an exception whose __str__ raises is described by its type)."""
+    from .codec import clean_text, safe_repr
+
+    name = safe_repr(type(error), lambda t: t.__name__)
+    message = safe_repr(error, str)
+    text = clean_text(f"{name}: {message}" if message else name)
     return text if len(text) <= MAX_REASON_LENGTH else text[:MAX_REASON_LENGTH - 1] + "…"
 
 

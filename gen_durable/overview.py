@@ -10,14 +10,16 @@ size of the table (docs/admin.md lists them with their plans):
   gen_durable_pick), those a live worker serves and the paused ones; per queue the
   runnable and due rows (counted up to COUNT_CAP), the oldest due row's age, the
   executing rows (gen_durable_lease) and the planner's estimates for the other statuses;
-- workers: the worker registry and the executing rows per claimant (`locked_by`);
+- workers: the worker registry and the executing rows per claimant (`locked_by`), with
+  each claimant's longest-running step ("longest running", from the same statement);
 - schedules: the configured cron schedules, next run and last run (gen_durable_schedules,
   by primary key; nothing is read when none is configured);
 - waiting for a release: rows a worker that did not know their machine, version or step
   handed back (a rolling deploy, docs/guide.md "Deploying"), per machine/version/step
   (gen_durable_unknown, which holds only them; nothing shown when there are none);
 - completions: rows finished per minute over the last hour (gen_durable_gc, index only),
-  drawn as a server-rendered SVG bar chart.
+  the failed ones in red (gen_durable_failed, index only), drawn as a server-rendered
+  SVG bar chart.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from .statuses import Status
 
 COUNT_CAP = 10_000
 CHART_MINUTES = 60
+LONGEST_RUNNING = 10  # rows of the "longest running" table (one per claimant and queue)
 ESTIMATED = ("awaiting_signal", "awaiting_children", "done", "failed")
 
 
@@ -84,7 +87,7 @@ def queues_section(using=None) -> dict:
             for q in w["queues"]:
                 served[q] = served.get(q, 0) + 1
     executing: dict = {}
-    for _locked_by, queue, n, _lease in db.fetchall(sql.OVERVIEW_EXECUTING, None, using):
+    for _locked_by, queue, n, *_rest in db.fetchall(sql.OVERVIEW_EXECUTING, None, using):
         executing[queue] = executing.get(queue, 0) + n
     names = sorted(set(configured_queues()) | set(runnable_queues) | set(paused) | set(served) | set(executing))
     depth = queue_depth(names, using)
@@ -115,35 +118,50 @@ def workers_section(using=None) -> dict:
     workers = live_workers(using)
     by_token = {w["id"]: w for w in workers}
     claims = []
-    for locked_by, queue, n, lease in db.fetchall(sql.OVERVIEW_EXECUTING, None, using):
+    for locked_by, queue, n, lease, id_, fsm, step, attempt, running in db.fetchall(sql.OVERVIEW_EXECUTING, None, using):
         token = (locked_by or "").rsplit(":", 1)[-1]
         claims.append({"locked_by": locked_by, "queue": queue, "count": n, "lease_min": lease,
-                       "worker": by_token.get(token)})
+                       "worker": by_token.get(token), "id": id_, "fsm": fsm, "step": step, "attempt": attempt,
+                       "running": max(running or 0.0, 0.0)})
+    slow = get_settings().SLOW_STEP_SECONDS
+    # The longest-running step of each claimant, longest first: a hung step shows here
+    # however healthy its lease looks (the heartbeat renews it).
+    longest = sorted(claims, key=lambda c: -c["running"])[:LONGEST_RUNNING]
+    for c in longest:
+        c["running_text"] = f"{c['running']:,.0f} s"
+        c["slow"] = slow is not None and c["running"] >= slow
     return {"template": "admin/gen_durable/overview/workers.html", "title": "Workers",
-            "workers": workers, "claims": claims}
+            "workers": workers, "claims": claims, "longest": longest, "slow_after": slow}
 
 
 def completions_section(using=None) -> dict:
     rows = db.fetchall(sql.OVERVIEW_COMPLETIONS, {"minutes": CHART_MINUTES}, using)
     now_row = db.fetchone("SELECT date_trunc('minute', now())", None, using)
     end = now_row[0]
-    counts = {m: n for m, n in rows}
+    counts = {m: n for m, n, failed in rows if not failed}
+    failures = {m: n for m, n, failed in rows if failed}
     minutes = [end - dt.timedelta(minutes=CHART_MINUTES - 1 - i) for i in range(CHART_MINUTES)]
     series = [counts.get(m, 0) for m in minutes]
+    failed = [min(failures.get(m, 0), n) for m, n in zip(minutes, series)]
     return {"template": "admin/gen_durable/overview/completions.html", "title": "Completions per minute (last hour)",
-            "chart": bar_chart(series, minutes), "total": sum(series)}
+            "chart": bar_chart(series, minutes, failed=failed), "total": sum(series), "failed": sum(failed)}
 
 
-def bar_chart(series, minutes, width=600, height=120, pad=30) -> dict:
-    """Geometry of an SVG bar chart of `series` (one bar per minute); no JavaScript."""
+def bar_chart(series, minutes, width=600, height=120, pad=30, failed=None) -> dict:
+    """Geometry of an SVG bar chart of `series` (one bar per minute); no JavaScript.
+
+    failed: per minute, how many of the bar's rows failed — drawn as the bar's lower,
+    red part (`fh`, from the baseline up), the rest above it."""
     top = max(series) if series else 0
     scale = (height - 10) / top if top else 0
     bar_w = (width - pad) / max(len(series), 1)
+    failed = failed or [0] * len(series)
     bars = []
-    for i, (n, minute) in enumerate(zip(series, minutes)):
-        h = n * scale
+    for i, (n, f, minute) in enumerate(zip(series, failed, minutes)):
+        h, fh = n * scale, f * scale
         bars.append({"x": round(pad + i * bar_w, 2), "y": round(height - h, 2), "w": round(max(bar_w - 1, 1), 2),
-                     "h": round(h, 2), "n": n, "label": minute.strftime("%H:%M")})
+                     "h": round(h - fh, 2), "n": n, "failed": f, "fy": round(height - fh, 2), "fh": round(fh, 2),
+                     "label": minute.strftime("%H:%M")})
     return {"width": width, "height": height + 20, "plot_h": height, "pad": pad, "bars": bars, "max": top,
             "first": minutes[0].strftime("%H:%M") if minutes else "", "last": minutes[-1].strftime("%H:%M") if minutes else ""}
 

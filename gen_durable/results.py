@@ -81,7 +81,11 @@ def target_params(target) -> dict:
 
 
 def get(target, *, using=None) -> Snapshot | None:
-    """Return the instance `target` (id, or live correlation key) as a Snapshot, or None.
+    """Return the instance `target` as a Snapshot, or None.
+
+    target: an id (int) or a correlation key (str). A key finds the instance holding it
+    (live, by default) or, when none does, the newest finished or failed one that had it.
+    Raises InvalidInput for another type or an invalid key.
 
     Statements: 1.
     """

@@ -23,6 +23,7 @@ never breaks the engine. `duration` measurements are seconds (float).
 | reaper.reaped          | count                                     |                       |
 | await.timeout          | count                                     |                       |
 | step.timeout           | count (1), elapsed (s)                    | id, fsm, step, timeout |
+| step.slow              | count (1), elapsed (s)                    | id, fsm, step, attempt, queue, threshold |
 | schedule.fired         | count (1)                                 | schedule, tick, late (s) |
 | schedule.skipped       | count (1)                                 | schedule, tick, late (s) |
 | gc.swept               | count, buckets, gates                     |                       |
@@ -45,6 +46,9 @@ never breaks the engine. `duration` measurements are seconds (float).
 `step.start` and `step.stop` of one step are emitted in the same thread (the one that
 runs it); `error` is the recorded error text of a retry or stop (None otherwise).
 `gen_durable.otel` turns these events into OpenTelemetry spans and metrics.
+
+`step.slow` is emitted once per step still running after SLOW_STEP_SECONDS (sync steps,
+in the queue's feeder thread), with a WARNING on `gen_durable.worker`; the step goes on.
 
 `inline.yield` reasons: "bound" (INLINE's MAX_STEPS / MAX_SECONDS), "key" (a new
 concurrency key goes through the pick), "throttled" (the limiter denied the next step),
@@ -75,7 +79,7 @@ EVENTS = (
     "step.start", "step.stop", "pick.stop", "scheduler.saturation", "scheduler.drain", "scheduler.reclaimed",
     "scheduler.abandoned", "scheduler.handed_back",
     "concurrency.contended", "concurrency.throttled", "outcome.stale", "reaper.reaped",
-    "await.timeout", "step.timeout", "schedule.fired", "schedule.skipped", "gc.swept", "flush.stop", "flush.error",
+    "await.timeout", "step.timeout", "step.slow", "schedule.fired", "schedule.skipped", "gc.swept", "flush.stop", "flush.error",
     "flush.retry", "flush.key_conflict", "step.connection_retry", "inline.continue", "inline.yield",
     "producer.flush", "producer.error",
     "rate_limit.throttled",

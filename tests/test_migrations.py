@@ -21,6 +21,8 @@ def test_every_index_exists_with_its_exact_predicate():
         "gen_durable_await_deadline": "(await_deadline) WHERE ((status = 'awaiting_signal'::gen_durable_status) AND (await_deadline IS NOT NULL))",
         "gen_durable_concurrency_active": "(concurrency_key) WHERE ((status = 'executing'::gen_durable_status) AND (concurrency_key IS NOT NULL) AND (concurrency_shard IS NULL))",
         "gen_durable_correlation": "(correlation_guard) WHERE (correlation_guard IS NOT NULL)",
+        "gen_durable_correlation_key": "USING hash (correlation_key) WHERE (correlation_key IS NOT NULL)",
+        "gen_durable_failed": "(updated_at) WHERE (status = 'failed'::gen_durable_status)",
         "gen_durable_parent": "(parent_id) WHERE (parent_id IS NOT NULL)",
         "gen_durable_gc": "(updated_at) WHERE (status = ANY (ARRAY['done'::gen_durable_status, 'failed'::gen_durable_status]))",
         "gen_durable_signals_target": "(target_id, name)",

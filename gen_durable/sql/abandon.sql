@@ -37,6 +37,7 @@ WITH owned AS (
         concurrency_shard = NULL, attempt = g.attempt + 1, eligible_at = now(),
         last_error = format('the worker shut down during step %%s (attempt %%s): still running after '
                             'DRAIN_TIMEOUT (%%s s)', g.step, g.attempt + 1, %(drain)s::float8),
+        last_traceback = NULL,  -- no traceback: the attempt ended without an exception
         updated_at = now(),
         attempt_log = CASE WHEN g.attempt_log IS NULL THEN NULL
                            ELSE g.attempt_log || jsonb_build_array(jsonb_build_object(

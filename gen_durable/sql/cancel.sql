@@ -15,7 +15,7 @@ WITH target AS (
     FOR NO KEY UPDATE
 ), upd AS (
     UPDATE gen_durable g
-    SET status = 'failed', last_error = %(reason)s::text, locked_by = NULL,
+    SET status = 'failed', last_error = %(reason)s::text, last_traceback = NULL, locked_by = NULL,
         lease_expires_at = NULL, concurrency_shard = NULL,
         await_deadline = NULL, updated_at = now()
     FROM target t

@@ -4,7 +4,9 @@
 --   come as NULL or as one value, below):
 --   id bigint[], worker text[] (the claimant), kind text[] (next | inline | retry |
 --   await | schedule | done | stop), step text[] (NULL keeps), state text[] (JSON, NULL keeps),
---   result text[] (JSON), error text[], delay float8[] (retry seconds), awaits text[]
+--   result text[] (JSON), error text[], tb text[] (the failed attempt's traceback: an
+--   outcome that sets last_error sets last_traceback too, NULL when it has none),
+--   delay float8[] (retry seconds), awaits text[]
 --   (JSON array of names), timeout float8[] (await seconds or NULL), set_key bool[],
 --   new_key text[], rate_limit text[], weight float8[], detail text[] (JSON object or
 --   NULL: the attempt's record for rows that keep an attempt_log — Django tasks).
@@ -47,11 +49,11 @@ WITH input AS MATERIALIZED (
     SELECT i.*, COALESCE(i.w, %(worker_1)s::text) AS worker, COALESCE(i.k, %(kind_1)s::text) AS kind,
            COALESCE(i.wt, %(weight_1)s::float8) AS weight, 'executing'::gen_durable_status AS claimed
     FROM unnest(%(id)s::bigint[], %(worker)s::text[], %(kind)s::text[], %(step)s::text[],
-                %(state)s::text[], %(result)s::text[], %(error)s::text[], %(delay)s::float8[],
+                %(state)s::text[], %(result)s::text[], %(error)s::text[], %(tb)s::text[], %(delay)s::float8[],
                 %(awaits)s::text[], %(timeout)s::float8[], %(set_key)s::bool[],
                 %(new_key)s::text[], %(rate_limit)s::text[], %(weight)s::float8[],
                 %(detail)s::text[])
-         AS i(id, w, k, step, state, result, error, delay, awaits, timeout, set_key,
+         AS i(id, w, k, step, state, result, error, tb, delay, awaits, timeout, set_key,
               new_key, rate_limit, wt, detail)
 ), upd AS (
     UPDATE gen_durable g
@@ -64,6 +66,7 @@ WITH input AS MATERIALIZED (
         state = COALESCE(i.state::jsonb, g.state),
         result = CASE WHEN i.kind = 'done' THEN i.result::jsonb ELSE g.result END,
         last_error = COALESCE(i.error, g.last_error),
+        last_traceback = CASE WHEN i.error IS NULL THEN g.last_traceback ELSE i.tb END,
         attempt = CASE i.kind WHEN 'retry' THEN g.attempt + 1
                               WHEN 'done' THEN g.attempt WHEN 'stop' THEN g.attempt
                               ELSE 0 END,

@@ -38,6 +38,7 @@ WITH expired AS (
         concurrency_shard = NULL, attempt = g.attempt + 1, eligible_at = now(),
         last_error = format('the worker died or lost its lease during step %%s (attempt %%s)',
                             g.step, g.attempt + 1),
+        last_traceback = NULL,  -- no traceback: the attempt ended without an exception
         updated_at = now(),
         -- A row that keeps an attempt_log (Django tasks) records the lost attempt too.
         attempt_log = CASE WHEN g.attempt_log IS NULL THEN NULL

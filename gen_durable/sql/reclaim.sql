@@ -56,6 +56,7 @@ SET status = 'runnable', locked_by = NULL, lease_expires_at = NULL,
                  ELSE format('the worker died during step %%s (attempt %%s not counted: %%s other step(s) ran '
                              'beside it, and a crash is charged to a row running at two in a row); '
                              'reclaimed at start-up', g.step, g.attempt + 1, stale.crowd - 1) END,
+    last_traceback = NULL,  -- no traceback: the attempt ended without an exception
     updated_at = now(),
     attempt_log = CASE WHEN g.attempt_log IS NULL OR NOT stale.counted THEN g.attempt_log
                        ELSE g.attempt_log || jsonb_build_array(jsonb_build_object(

@@ -15,11 +15,13 @@ import functools
 import inspect
 import logging
 import time
+import traceback
 from dataclasses import dataclass, field
 
 from asgiref.sync import sync_to_async
 
 from .. import db, registry, telemetry
+from .. import outcomes as _outcomes
 from ..calls import Row, build_row
 from ..codec import clean_text, encode, encode_state, load_typed, loads, safe_repr
 from ..conf import database_alias, get_settings, routed_alias
@@ -31,6 +33,10 @@ from . import aio
 from .claims import Claimed
 
 logger = logging.getLogger("gen_durable.executor")
+# Every failed attempt (a step or handle() that raised) is logged here with its
+# traceback: WARNING while the instance goes on (retry, or a handled error), ERROR
+# when it fails for good (docs/observability.md#failed-attempts).
+attempt_logger = logging.getLogger("gen_durable.worker")
 
 PURE_HANDLES = (Machine.handle, Job.handle)
 KINDS = ("next", "inline", "retry", "await", "schedule", "done", "stop")
@@ -51,6 +57,7 @@ class Entry:
     state: str | None = None
     result: str | None = None
     error: str | None = None
+    traceback: str | None = None  # the failed attempt's traceback (last_traceback); set with error
     delay: float = 0.0
     awaits: str | None = None
     timeout: float | None = None
@@ -77,8 +84,42 @@ class Entry:
 def error_text(error: BaseException) -> str:
     """`Type: message` of an exception, storable and bounded; never raises (an
     exception whose __str__ raises is described by its type)."""
-    text = clean_text(f"{safe_repr(type(error), lambda t: t.__name__)}: {safe_repr(error, str)}")
-    return text if len(text) <= 4000 else text[:4000] + "…"
+    return _outcomes.error_text(error)
+
+
+def traceback_text(error: BaseException) -> str:
+    """The formatted traceback of `error` (chained causes included), at most
+    MAX_TRACEBACK_LENGTH characters: a longer one keeps its head line and its tail (the
+    innermost frames and the message), with a marker where it was cut. Never raises."""
+    try:
+        text = "".join(traceback.format_exception(error))
+    except Exception:  # a __str__ that raises inside format_exception
+        text = error_text(error) + "\n(traceback could not be formatted)"
+    text = clean_text(text)
+    limit = _outcomes.MAX_TRACEBACK_LENGTH
+    if len(text) > limit:
+        head = text[:text.find("\n") + 1] if "\n" in text[:200] else ""
+        marker = f"… {len(text) - limit} characters cut …\n"
+        text = head + marker + text[-(limit - len(head) - len(marker)):]
+    return text
+
+
+def _log_attempt(job: Claimed, entry: Entry, error: BaseException, handle_error: BaseException | None = None):
+    """One log record per failed attempt on `gen_durable.worker`: WARNING while the
+    instance goes on, ERROR when this attempt failed it (kind stop). The record's
+    `extra` carries gd_id, gd_machine, gd_step, gd_attempt, gd_queue, gd_final."""
+    final = entry.kind == "stop"
+    level = logging.ERROR if final else logging.WARNING
+    if not attempt_logger.isEnabledFor(level):
+        return
+    what = "failed" if final else ("will retry" if entry.kind == "retry" else f"handled ({entry.kind})")
+    shown = handle_error if handle_error is not None else error
+    attempt_logger.log(
+        level, "%s#%s step %s attempt %s raised %s; %s", job.fsm, job.id, job.step, job.attempt,
+        error_text(error) + (f" (handle() then raised {error_text(handle_error)})" if handle_error else ""),
+        what, exc_info=(type(shown), shown, shown.__traceback__),
+        extra={"gd_id": job.id, "gd_machine": job.fsm, "gd_step": job.step, "gd_attempt": job.attempt,
+               "gd_queue": job.queue, "gd_final": final})
 
 
 def stop_entry(job: Claimed, reason: str) -> Entry:
@@ -223,7 +264,7 @@ def _handled(machine, cls, job: Claimed, ctx: Context, error: BaseException, inl
         if clean:
             db.discard_dangling(where)
         return _handle_failed(job, error, handle_error)
-    return _with_error(entry, error, machine)
+    return _with_error(entry, error, machine, job)
 
 
 async def _arun(cls, job: Claimed, inline: bool = False) -> Entry:
@@ -276,17 +317,25 @@ async def _arun(cls, job: Claimed, inline: bool = False) -> Entry:
             raise
         except BaseException as handle_error:
             return _handle_failed(job, error, handle_error)
-        return _with_error(entry, error, machine)
+        return _with_error(entry, error, machine, job)
 
 
 def _handle_failed(job, error, handle_error) -> Entry:
-    return stop_entry(job, f"handle() failed: {error_text(handle_error)} "
-                           f"(while handling {error_text(error)})")
+    entry = stop_entry(job, f"handle() failed: {error_text(handle_error)} "
+                            f"(while handling {error_text(error)})")
+    entry.traceback = traceback_text(handle_error)
+    _log_attempt(job, entry, error, handle_error)
+    return entry
 
 
-def _with_error(entry: Entry, error, machine) -> Entry:
-    if entry.kind in ("retry", "stop") and entry.error is None:
-        entry.error = error_text(error)
+def _with_error(entry: Entry, error, machine, job: Claimed) -> Entry:
+    if entry.kind in ("retry", "stop"):
+        if entry.error is None:
+            entry.error = error_text(error)
+        # Rides the same flush UPDATE as last_error (no statement more); a handled
+        # error that moves on (Next, Await, ...) stores neither.
+        entry.traceback = traceback_text(error)
+    _log_attempt(job, entry, error)
     return _with_record(entry, machine)
 
 
@@ -401,6 +450,7 @@ def connection_retry(error: BaseException, cls, job: Claimed) -> Entry | None:
     telemetry.emit("step.connection_retry", {"delay": delay}, {"id": job.id, "fsm": job.fsm, "step": job.step})
     entry = to_entry(Retry(delay=delay), cls, job, consumed=(), presented=())
     entry.error = error_text(error)
+    entry.traceback = traceback_text(error)
     return entry
 
 

@@ -89,6 +89,7 @@ def _arrays(entries):
         "id": db.pg_array([e.id for e in entries]),
         "step": col([e.step for e in entries]), "state": col([e.state for e in entries]),
         "result": col([e.result for e in entries]), "error": col([e.error for e in entries]),
+        "tb": col([e.traceback for e in entries]),
         # Read only for a retry (its delay) and when a key is set (true).
         "delay": col([e.delay if e.kind == "retry" else None for e in entries]),
         "set_key": col([True if e.set_key else None for e in entries]),

@@ -35,6 +35,7 @@ from .executor import (StepWhere, aexecute, continuation, error_text, execute, e
                        past_deadline, requeue_entry, stop_entry)
 
 logger = logging.getLogger("gen_durable.scheduler")
+attempt_logger = logging.getLogger("gen_durable.worker")  # per-step reports (executor.py)
 
 # A margin past any lease: every claim of a process known to be dead is taken.
 DEAD_MARGIN = 10 * 365 * 86400.0
@@ -96,11 +97,12 @@ class Run:
     only look (`held_ids`, `next_step_deadline`) see `active` set last and cleared first.
     """
 
-    __slots__ = ("job", "started", "timeout", "active", "abandoned", "handling", "lock")
+    __slots__ = ("job", "started", "timeout", "active", "abandoned", "handling", "lock", "slow")
 
     def __init__(self, job, handling=False):
         self.job, self.handling = job, handling
         self.started, self.timeout, self.active, self.abandoned = 0.0, None, False, False
+        self.slow = False  # reported past SLOW_STEP_SECONDS (once per step)
         self.lock = threading.Lock()
 
 
@@ -819,6 +821,7 @@ class Scheduler:
         timeout = job_timeout(job)
         with run.lock:
             run.job, run.started, run.timeout = job, time.monotonic(), timeout
+            run.slow = False
             run.active = True
         try:
             return fn()
@@ -842,10 +845,39 @@ class Scheduler:
 
     # --- step timeouts ------------------------------------------------------------
     def next_step_deadline(self, now: float) -> float | None:
-        """Seconds until the earliest running step reaches its timeout (None: none)."""
+        """Seconds until the earliest running step reaches its timeout, or SLOW_STEP_SECONDS
+        unreported (None: none)."""
+        slow = self.s.SLOW_STEP_SECONDS
         with self._lock:
             left = [r.started + r.timeout - now for r in self._runs.values() if r.active and r.timeout is not None]
+            if slow is not None:
+                left += [r.started + slow - now for r in self._runs.values() if r.active and not r.slow]
         return max(min(left), 0.0) if left else None
+
+    def report_slow(self, now: float | None = None) -> int:
+        """Report, once each, the sync steps running for SLOW_STEP_SECONDS or longer: a
+        WARNING on gen_durable.worker and a `step.slow` event. Return how many. The step
+        keeps running (its timeout, MAX_STEP_SECONDS or its own, still applies)."""
+        slow = self.s.SLOW_STEP_SECONDS
+        if slow is None:
+            return 0
+        now = time.monotonic() if now is None else now
+        found = []
+        with self._lock:
+            for r in self._runs.values():
+                if r.active and not r.slow and not r.abandoned and now - r.started >= slow:
+                    r.slow = True
+                    found.append((r.job, now - r.started))
+        for job, elapsed in found:
+            attempt_logger.warning(
+                "%s#%s step %s attempt %s has been running for %.0f s (SLOW_STEP_SECONDS=%gs) on queue %s",
+                job.fsm, job.id, job.step, job.attempt, elapsed, slow, self.queue,
+                extra={"gd_id": job.id, "gd_machine": job.fsm, "gd_step": job.step, "gd_attempt": job.attempt,
+                       "gd_queue": self.queue, "gd_elapsed": elapsed})
+            telemetry.emit("step.slow", {"count": 1, "elapsed": elapsed},
+                           {"id": job.id, "fsm": job.fsm, "step": job.step, "attempt": job.attempt,
+                            "queue": self.queue, "threshold": slow})
+        return len(found)
 
     def abandon_overdue(self, now: float | None = None) -> int:
         """Give up on every step past its timeout; return how many.
@@ -1095,6 +1127,7 @@ class Scheduler:
             self._wake.wait(interval if due is None else min(interval, due + 0.001))
             self._wake.clear()
             self.abandon_overdue()
+            self.report_slow()
         db.connection(self.using).close()
         connections.unbind()
 

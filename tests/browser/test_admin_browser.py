@@ -159,3 +159,73 @@ class AdminInBrowser(StaticLiveServerTestCase):
         b.find_element(By.CSS_SELECTOR, f"#gd-queue-{QUEUE} input.gd-resume").click()
         self.wait_for("ul.messagelist")
         assert QUEUE not in gd.paused_queues()
+
+    def test_failures_hung_steps_and_the_audit_trail(self):
+        """What an operator sees of a failure (error column, traceback), of a hung step
+        (seconds running, longest running) and of their own actions (History)."""
+        import datetime as dt
+
+        from django.contrib.admin.models import LogEntry
+
+        from tests.durable_app.durable import SendsMail
+        from tests.factories import ExecutingFactory
+
+        User.objects.create_superuser("operator2", "op2@example.com", "s3cret-pass")
+        failed = gd.insert(SendsMail, queue=QUEUE, state={"depth": 1}, correlation_key="mail:7")
+        drain(queue=QUEUE)
+        hung = ExecutingFactory(queue=QUEUE, fsm="shop.SyncInventory", step="call_warehouse",
+                                locked_by="web-3:browser_q:tok")
+        Instance.objects.filter(id=hung.id).update(updated_at=dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=1900))
+        victim = gd.insert(Plain, queue=QUEUE, schedule_in=3600, correlation_key="order:77")
+        b = self.browser
+        self.client.force_login(User.objects.get(username="operator2"))
+        cookie = self.client.cookies["sessionid"]
+        self.visit("/admin/")
+        b.add_cookie({"name": "sessionid", "value": cookie.value, "path": "/"})
+
+        # the list: an error column, seconds running, no horizontal overflow at 1400 px
+        self.visit(f"/admin/gen_durable/instance/?queue={QUEUE}&_facets=True")
+        self.wait_for("#result_list")
+        error = b.find_element(By.CSS_SELECTOR, "#result_list td.field-error span.gd-error")
+        assert error.text.startswith("RuntimeError: smtp down")
+        running = [td.text for td in b.find_elements(By.CSS_SELECTOR, "#result_list td.field-status_running")]
+        assert any(t.startswith("Executing · 1,9") and t.endswith(" s") for t in running), running
+        assert "Show counts" not in b.page_source
+        self.shot("12-changelist-errors-running")
+        # no horizontal scrolling, of the page or of the list, at 1400 px with the sidebar open
+        assert b.execute_script("return document.documentElement.scrollWidth") <= 1400
+        widths = b.execute_script("var r = document.querySelector('#changelist .results');"
+                                  "return [r.scrollWidth, r.clientWidth]")
+        assert widths[0] <= widths[1], f"the list overflows: {widths}"
+
+        # a finished instance found by its key; its traceback on the detail page
+        box = self.wait_for("#searchbar")
+        box.clear()
+        box.send_keys("mail:7")
+        box.submit()
+        self.wait_for("#result_list")
+        b.find_element(By.LINK_TEXT, str(failed)).click()
+        tb = self.wait_for("pre.gd-traceback").text
+        assert 'durable.py", line' in tb and "in _nested" in tb and tb.endswith("RuntimeError: smtp down")
+        self.shot("13-detail-traceback", height=1600)
+
+        # the overview: longest running, failures in the chart
+        self.visit("/admin/gen_durable/queueoverview/")
+        longest = self.wait_for("#gd-longest").text
+        assert f"#{hung.id}" in longest and "call_warehouse" in longest
+        assert b.find_elements(By.CSS_SELECTOR, "#gd-completions rect.bar-failed")
+        self.shot("14-overview-longest-running", height=1600)
+
+        # cancel with a reason, then the instance's History shows who, when and why
+        self.visit(f"/admin/gen_durable/instance/{victim}/change/")
+        self.wait_for("#gd-act-cancel").click()
+        reason = self.wait_for("#id_reason")
+        reason.clear()
+        reason.send_keys("customer withdrew by phone")
+        b.find_element(By.ID, "gd-confirm").click()
+        self.wait_for("ul.messagelist")
+        assert LogEntry.objects.filter(object_id=str(victim), user__username="operator2").count() == 1
+        self.visit(f"/admin/gen_durable/instance/{victim}/history/")
+        history = self.wait_for("#change-history").text
+        assert "Cancelled (admin action); reason: customer withdrew by phone" in history and "operator2" in history
+        self.shot("15-history")

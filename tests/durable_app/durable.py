@@ -226,4 +226,24 @@ def sleep_job(args):
     return {"began": began, "ended": time.time()}
 
 
+def _nested(depth, pad=0):
+    if depth == 0:
+        raise RuntimeError("smtp down" + " details" * pad)
+    return _nested(depth - 1, pad)
+
+
+class SendsMail(gd.Job):
+    """Raises RuntimeError("smtp down") `depth` frames deep every attempt (tracebacks);
+    `pad` appends " details" that many times to the message."""
+
+    name = "tests.SendsMail"
+    max_attempts = 2
+
+    def perform(self, args, ctx):
+        _nested(args.get("depth", 0), args.get("pad", 0))
+
+    def backoff(self, attempt):
+        return 0
+
+
 from tests.durable_app import deploy_machines  # noqa: E402,F401  (tests/integration/test_deploys.py)

@@ -85,7 +85,7 @@ def test_pick_touches_about_a_batch_of_rows_when_run(scale):
     ("LOAD_CHILDREN", {"ids": list(range(1, 51))}),
     # A next and a done, as the flusher sends them (`_arrays`: tests below build theirs with it).
     ("FLUSH", {"id": [1, 2], "worker": None, "worker_1": "w", "kind": ["next", "done"], "kind_1": None,
-               "step": ["s", None], "state": None, "result": [None, "{}"], "error": None, "delay": None,
+               "step": ["s", None], "state": None, "result": [None, "{}"], "error": None, "tb": None, "delay": None,
                "awaits": None, "timeout": None, "set_key": None, "new_key": None, "rate_limit": None,
                "weight": None, "weight_1": 1.0, "detail": None, "c_target": [1], "c_id": [5], "lease": 60.0,
                "renew": 40.0, "inline": []}),
@@ -101,6 +101,10 @@ def test_pick_touches_about_a_batch_of_rows_when_run(scale):
     ("SIGNAL", {"id": 1, "key": None, "name": "go", "payload": "{}", "dedup_key": None}),
     ("SIGNAL", {"id": None, "key": "order:1", "name": "go", "payload": "{}", "dedup_key": None}),
     ("GET", {"id": 1, "key": None}),
+    ("GET", {"id": None, "key": "order:1"}),
+    ("BULK_SELECT", {"after": 0, "window": 20000, "statuses": ["failed"], "queue": "q1", "fsm": None,
+                     "batch": 1000}),
+    ("BULK_MOVE", {"ids": list(range(1, 1001)), "queue": "q9"}),  # a finished instance's key too (gen_durable_correlation_key)
     ("CANCEL", {"id": None, "key": "order:1", "reason": "x"}),
     ("INSERT", {"fsm": "f", "fsm_version": 1, "step": "s", "state": "{}", "queue": "q", "priority": 0,
                 "at": None, "delay": 0.0, "concurrency_key": None, "rate_limit": None, "weight": 1.0,
@@ -201,7 +205,7 @@ def test_overview_statements_never_scan_the_table(scale):
         (sql.OVERVIEW_RUNNABLE_QUEUES, None, {"gen_durable_pick"}),
         (sql.OVERVIEW_QUEUE_DEPTH, {"queues": ["q0", "q1", "q2"], "cap": COUNT_CAP}, {"gen_durable_pick"}),
         (sql.OVERVIEW_EXECUTING, None, {"gen_durable_lease"}),
-        (sql.OVERVIEW_COMPLETIONS, {"minutes": 60}, {"gen_durable_gc"}),
+        (sql.OVERVIEW_COMPLETIONS, {"minutes": 60}, {"gen_durable_gc", "gen_durable_failed"}),
         # the unserved-queue warnings (W006, worker start-up): bounded per queue too
         (sql.QUEUE_SAMPLE, {"queues": ["q0", "q1", "q2"], "cap": 1000}, {"gen_durable_pick"}),
     ]
@@ -211,7 +215,8 @@ def test_overview_statements_never_scan_the_table(scale):
         assert indexes <= index_scans(p), (statement.splitlines()[0], index_scans(p))
     # the chart counts from the index alone (status is implied by its predicate)
     chart = plan(sql.OVERVIEW_COMPLETIONS, {"minutes": 60})
-    assert any(n["Node Type"] == "Index Only Scan" for n in nodes(chart))
+    assert [n["Index Name"] for n in nodes(chart) if n["Node Type"] == "Index Only Scan"] == [
+        "gen_durable_gc", "gen_durable_failed"]
 
 
 def test_changelist_pages_ride_an_index(scale):

@@ -313,7 +313,7 @@ def test_job_raising_is_handled_like_an_error():
     with pytest.raises(RuntimeError):
         job.run_perform(ctx())
     assert isinstance(job.handle(RuntimeError("nope"), ctx(attempt=0)), gd.Retry)
-    assert job.handle(RuntimeError("nope"), ctx(attempt=1)) == gd.Stop("RuntimeError('nope')")
+    assert job.handle(RuntimeError("nope"), ctx(attempt=1)) == gd.Stop("RuntimeError: nope")
 
 
 def test_job_returning_cancel_fails_at_once():

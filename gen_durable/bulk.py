@@ -1,0 +1,162 @@
+"""Operator calls on every instance matching a filter, in bounded batches
+(docs/guide.md "Bulk operations"): `cancel_where`, `retry_where`, `move_where`.
+
+Each batch is one read of at most `batch` ids from a range of at most WINDOW ids of the
+primary key (sql/bulk_select.sql, locking nothing; a window with no match is read and
+skipped) and then one guarded statement per row (cancel, retry) or one per
+batch (move), each committed on its own: workers are never blocked for longer than one
+row's or one batch's update, a row that moved on meanwhile is skipped, and a run that is
+interrupted can simply be started again. `progress(done, skipped, scanned)` is called
+after every batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from . import calls, db, sql
+from .exceptions import GenDurableError, InvalidInput
+from .outcomes import reason_text, text
+from .statuses import Status
+
+MAX_BATCH = 10_000
+WINDOW = 20_000  # ids of the primary key one read looks at, at most
+
+
+@dataclass
+class BulkResult:
+    """What a bulk call did: `done` rows changed, `skipped` rows matched but left as they
+    were (finished meanwhile, not retryable, key taken), `scanned` rows matched in all,
+    `batches` batches run, and the first few skip reasons (`reasons`, at most 20)."""
+
+    done: int = 0
+    skipped: int = 0
+    scanned: int = 0
+    batches: int = 0
+    reasons: list = field(default_factory=list)
+
+
+def _filter(status, queue, machine, batch):
+    if status is None:
+        statuses = None
+    else:
+        statuses = [status] if isinstance(status, str) else list(status)
+        unknown = [s for s in statuses if s not in Status.values]
+        if not statuses or unknown:
+            raise InvalidInput(f"status must be one or more of {', '.join(Status.values)}, got {status!r}")
+    if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= MAX_BATCH:
+        raise InvalidInput(f"batch must be an int from 1 to {MAX_BATCH}, got {batch!r}")
+    if machine is not None and not isinstance(machine, str):
+        machine = calls.resolve_machine(machine).name
+    return {"statuses": statuses, "queue": None if queue is None else text(queue, "queue"),
+            "fsm": None if machine is None else text(machine, "machine"), "batch": batch}
+
+
+def _batches(params, using, result, progress):
+    """Yield the matching ids in batches of at most params["batch"], walking the primary
+    key in windows of WINDOW ids (each read is bounded whatever the filter); rows
+    inserted after the walk started (ids past the largest at its start) are not included."""
+    low, top = db.fetchone("SELECT min(id), max(id) FROM gen_durable", None, using)
+    if top is None:
+        return
+    after = low - 1
+    while after < top:
+        ids = [r[0] for r in db.fetchall(sql.BULK_SELECT, {**params, "after": after, "window": WINDOW}, using)]
+        after = ids[-1] if len(ids) == params["batch"] else after + WINDOW
+        if not ids:
+            continue
+        result.scanned += len(ids)
+        result.batches += 1
+        yield ids
+        if progress is not None:
+            progress(result.done, result.skipped, result.scanned)
+
+
+def _skip(result, id_, why):
+    result.skipped += 1
+    if len(result.reasons) < 20:
+        result.reasons.append(f"#{id_}: {why}")
+
+
+def _each(action, params, using, progress) -> BulkResult:
+    result = BulkResult()
+    for ids in _batches(params, using, result, progress):
+        for id_ in ids:
+            try:
+                action(id_)
+            except GenDurableError as exc:  # NoTarget, NotRetryable, DuplicateInstance
+                _skip(result, id_, f"{type(exc).__name__}: {exc}")
+            else:
+                result.done += 1
+    return result
+
+
+def _defaults(operation, params):
+    if params["statuses"] is None:
+        skip = {"cancel": ("done", "failed"), "move": ("executing", "done")}.get(operation, ())
+        params["statuses"] = [s for s in Status.values if s not in skip]
+    return params
+
+
+def count_where(operation: str, *, status=None, queue=None, machine=None, batch: int = 1000, using=None) -> int:
+    """How many instances the filter matches for `operation` ("cancel", "retry" or
+    "move", whose default statuses differ); reads in batches, changes nothing."""
+    params = _defaults(operation, _filter(status, queue, machine, batch))
+    result = BulkResult()
+    for _ids in _batches(params, using, result, None):
+        pass
+    return result.scanned
+
+
+def cancel_where(*, reason: str, status=None, queue: str | None = None, machine=None, batch: int = 1000,
+                 progress=None, using=None) -> BulkResult:
+    """Cancel every live instance matching the filter, as `gd.cancel(id, reason)` does
+    one (a running step's late outcome is dropped; a waiting parent is joined).
+
+    status: a status or a list of them (None: every live one); queue, machine (a name or
+    a class): None matches any. batch: ids per keyset read (1..10,000).
+    progress: called as progress(done, skipped, scanned) after each batch.
+    Statements: one read per batch plus one per matching row. Returns a BulkResult.
+    Raises InvalidInput for a bad filter, batch or reason (at most 4,000 characters).
+    """
+    reason = reason_text(reason, "cancel reason")
+    params = _defaults("cancel", _filter(status, queue, machine, batch))
+    return _each(lambda id_: calls.cancel(id_, reason, using=using), params, using, progress)
+
+
+def retry_where(*, status="failed", queue: str | None = None, machine=None, batch: int = 1000,
+                progress=None, using=None) -> BulkResult:
+    """Retry every instance matching the filter now, as `gd.retry(id)` does one (e.g.
+    200,000 rows failed in an outage: `gd.retry_where(status="failed", queue="email")`).
+
+    status: default "failed"; queue, machine, batch, progress: as in `cancel_where`.
+    Rows that cannot be retried (done, executing, awaiting children, a key held by
+    another live instance) are skipped and counted. Statements: one read per batch plus
+    one per matching row. Returns a BulkResult. Raises InvalidInput for a bad filter.
+    """
+    params = _filter(status, queue, machine, batch)
+    return _each(lambda id_: calls.retry(id_, using=using), params, using, progress)
+
+
+def move_where(*, to_queue: str, status=None, queue: str | None = None, machine=None, batch: int = 1000,
+               progress=None, using=None) -> BulkResult:
+    """Move every instance matching the filter to queue `to_queue` (a queue renamed or
+    overloaded): its next step is claimed by that queue's workers.
+
+    Executing and done rows are not moved (skipped and counted): a claimed row's outcome
+    commits under its own queue first — run it again once they have finished. Runnable
+    rows wake the target queue's workers. status, queue, machine, batch, progress: as in
+    `cancel_where` (status None: every status but executing and done). Statements: two
+    per batch. Returns a BulkResult. Raises InvalidInput for a bad filter or queue name.
+    """
+    target = text(to_queue, "to_queue")
+    params = _defaults("move", _filter(status, queue, machine, batch))
+    result = BulkResult()
+    for ids in _batches(params, using, result, progress):
+        moved = {r[0] for r in db.fetchall(sql.BULK_MOVE, {"ids": db.pg_array(ids), "queue": target}, using)}
+        result.done += len(moved)
+        for id_ in ids:
+            if id_ not in moved:
+                _skip(result, id_, "executing, done, or already in the queue")
+    return result
+
