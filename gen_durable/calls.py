@@ -67,7 +67,7 @@ def check_queue(name: str) -> None:
 
     close = difflib.get_close_matches(name, sorted(names), n=1)
     raise InvalidInput(
-        f"queue {name!r} is not declared" + (f"; did you mean {close[0]!r}?" if close else "")
+        f"queue {name!r} is not declared" + (f"; did you mean {close[0]!r}?" if close else ".")
         + f" Declared queues: {', '.join(sorted(names))} (the keys of GEN_DURABLE['QUEUES'] and the registered "
         "machines' queues); a queue another deployment's workers serve goes in GEN_DURABLE['EXTRA_QUEUES'].")
 

@@ -40,7 +40,7 @@ GEN_DURABLE = {
     "QUEUES": {"default": 4},
     # The suite's per-test queues (the queue_name fixture: q<n>_<hex>) and the few
     # literal names tests use; tests of the strictness itself override this.
-    "EXTRA_QUEUES": ["q*", "email*", "other", "x", "z", "held", "stranded-*", "emials", "orders", "mail", "odd", "yyy*"],
+    "EXTRA_QUEUES": ["q*", "browser_q", "email*", "other", "x", "z", "held", "stranded-*", "emials", "orders", "mail", "odd", "yyy*"],
     "LEASE_TTL": 3,
     "HEARTBEAT_INTERVAL": 0.5,
     "POLL_INTERVAL": 0.05,

@@ -57,11 +57,11 @@ WITH input AS MATERIALIZED (
               new_key, rate_limit, wt, detail)
 ), upd AS (
     UPDATE gen_durable g
-    SET status = (CASE i.kind WHEN 'next' THEN 'runnable' WHEN 'retry' THEN 'runnable'
-                              WHEN 'inline' THEN 'executing'
+    SET status = (CASE i.kind WHEN 'inline' THEN 'executing'
                               WHEN 'await' THEN 'awaiting_signal'
                               WHEN 'schedule' THEN 'awaiting_children'
-                              WHEN 'done' THEN 'done' ELSE 'failed' END)::gen_durable_status,
+                              WHEN 'done' THEN 'done' WHEN 'stop' THEN 'failed'
+                              ELSE 'runnable' END)::gen_durable_status,
         step = COALESCE(i.step, g.step),
         state = COALESCE(i.state::jsonb, g.state),
         result = CASE WHEN i.kind = 'done' THEN i.result::jsonb ELSE g.result END,

@@ -182,7 +182,7 @@ class Command(BaseCommand):
         if child is None:
             self._check_connection_budget(queues, processes, aliases, reaper=not no_reaper, gc=not no_gc)
         if processes > 1 and child is None:
-            return self._supervise(processes)
+            return self._supervise(processes, burst=burst)
         from gen_durable.worker.supervisor import Supervisor, WorkerConfig, run_several
 
         # The reaper runs in every process: the others' rows depend on it, and a process
@@ -293,7 +293,7 @@ class Command(BaseCommand):
                 for alias in on_server:
                     db.connection(alias).close()
 
-    def _supervise(self, processes: int):
+    def _supervise(self, processes: int, burst: bool = False):
         """Run `processes` children and keep them running until SIGTERM/SIGINT.
 
         A child that dies (non-zero exit or a signal) is restarted after a back-off
@@ -353,7 +353,9 @@ class Command(BaseCommand):
                             spawn(i)
                     continue
                 slot["proc"], code = None, proc.returncode
-                if stopping or code == 0 or code == EXIT_LEFT_WORK:  # a burst child done (rows left: named)
+                # A burst child done (rows left: named). Without --burst an exit status of
+                # EXIT_LEFT_WORK is a crash like any other (a step may os._exit(3)).
+                if stopping or code == 0 or (burst and code == EXIT_LEFT_WORK):
                     slot["done"] = True
                     codes.append(code)
                     continue
