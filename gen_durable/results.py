@@ -178,7 +178,9 @@ def await_result(id: int, timeout: float = 5.0, *, until: str = "settled", using
     """Wait until instance `id` settles or `timeout` seconds pass.
 
     Args:
-        id: the instance id. timeout: seconds ≥ 0.
+        id: the instance id (int), or a correlation key (str) as `get` takes it: the live
+            holder, else the newest finished or failed instance that had it.
+        timeout: seconds ≥ 0.
         until: "settled" (default: done, failed, or parked awaiting a signal/children)
             or "terminal" (wait through parking).
     Returns: Result with status done (result), failed (error), awaiting (parked),

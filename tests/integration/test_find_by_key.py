@@ -48,3 +48,11 @@ def test_admin_search_finds_finished_instances_by_key(admin_client, queue_name):
     assert f">{old}<" in body and f">{live}<" in body
     assert f">{old}<" in admin_client.get(CHANGELIST, {"q": key, "status": "done"}).content.decode()
     assert f">{old}<" not in admin_client.get(CHANGELIST, {"q": key[:-1]}).content.decode()  # exact only
+
+
+def test_await_result_by_key_answers_once_the_instance_is_done(queue_name):
+    key = f"{queue_name}:order:1"
+    id_ = gd.insert(Plain, queue=queue_name, correlation_key=key)
+    drain(queue=queue_name)
+    result = gd.await_result(key, timeout=0)
+    assert (result.status, result.snapshot.id) == ("done", id_)  # was not_found once the key was released
