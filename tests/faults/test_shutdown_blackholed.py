@@ -54,7 +54,9 @@ def test_sigterm_exits_in_bounded_time_when_every_connection_is_black_holed(
     finally:
         Worker.objects.filter(id=next_id).delete()
     blackhole_proxy.close()  # the server's ends of the swallowed connections go
-    wait_until(lambda: not sessions("gen_durable %"), timeout=10, what="the worker's sessions gone")
+    # This worker's sessions only (its roles are named "gen_durable <role> <pid>-<token>"):
+    # other tests' workers may still be leaving the shared server.
+    wait_until(lambda: not sessions(f"gen_durable % {proc.pid}-%"), timeout=30, what="the worker's sessions gone")
 
 
 def sessions(application_name):
