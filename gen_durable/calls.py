@@ -87,7 +87,7 @@ def check_rate_limit(rate_limit: str | None) -> None:
     name = name_of(rate_limit)
     close = difflib.get_close_matches(name, configured, n=1)
     raise InvalidInput(
-        f"rate_limit {name!r} is not configured" + (f"; did you mean {close[0]!r}?" if close else "")
+        f"rate_limit {name!r} is not configured" + (f"; did you mean {close[0]!r}?" if close else ".")
         + f" GEN_DURABLE['RATE_LIMITS'] has {', '.join(configured) or 'none'}: a row naming an unconfigured "
         "rate limit would never be admitted.")
 

@@ -261,3 +261,24 @@ def test_control_without_the_hand_back_the_old_release_fails_the_row_at_attempt_
     flush([execute(job)])
     r = Instance.objects.get(id=id_)
     assert (r.status, r.attempt) == ("failed", 0) and "no gen_durable machine registered" in r.last_error
+
+
+@pytest.mark.django_db
+def test_durable_versions_lists_a_removed_machines_live_rows(queue_name):
+    """A machine removed from this release has no class here, but its rows are what the
+    operator checks before deleting it: --machine lists them; a typo is still an error."""
+    from io import StringIO
+
+    from django.core.management import CommandError, call_command
+    from django.db import connection
+
+    from tests.durable_app.durable import noop
+
+    id_ = gd.insert(noop, args={}, queue=queue_name)
+    with connection.cursor() as cur:
+        cur.execute("UPDATE gen_durable SET fsm = 'tests.removed.Gone' WHERE id = %s", [id_])
+    out = StringIO()
+    call_command("durable_versions", "--machine", "tests.removed.Gone", stdout=out)
+    assert "tests.removed.Gone" in out.getvalue() and str(id_) in out.getvalue()
+    with pytest.raises(CommandError, match="did you mean 'tests.noop'"):
+        call_command("durable_versions", "--machine", "tests.noopp")

@@ -26,15 +26,18 @@ class Command(BaseCommand):
 
     def handle(self, *, machine, unknown, database, **options):
         using = database or get_settings().DATABASE
-        if machine is not None and not any(n == machine for n, _v in registry.all_machines()):
+        rows = [r for r in live_versions(using)
+                if (machine is None or r["fsm"] == machine) and (not unknown or not r["known"])]
+        # A removed machine is not registered here but may still have live rows: list
+        # them. A name with neither is a typo: say the close registered name.
+        if machine is not None and not rows and not any(n == machine for n, _v in registry.all_machines()):
             names = sorted({n for n, _v in registry.all_machines()})
             import difflib
 
             close = difflib.get_close_matches(machine, names, n=1)
             if close:
-                raise CommandError(f"no machine named {machine!r} is registered here; did you mean {close[0]!r}?")
-        rows = [r for r in live_versions(using)
-                if (machine is None or r["fsm"] == machine) and (not unknown or not r["known"])]
+                raise CommandError(f"no machine named {machine!r} is registered here or has live rows; "
+                                   f"did you mean {close[0]!r}?")
         if not rows:
             what = " of " + machine if machine else ""
             self.stdout.write(f"no live rows{what}{' this release does not know' if unknown else ''}")
