@@ -221,6 +221,38 @@ def check_sections(app_configs=None, **kwargs):
     return errors
 
 
+HISTORY_KEYS = ("ENABLED", "RETENTION", "MAX_PER_INSTANCE")
+
+
+@register(Tags.compatibility)
+def check_history(app_configs=None, **kwargs):
+    """E110: HISTORY is a dict of ENABLED (a bool), RETENTION (seconds >= 0, at most 100
+    years) and MAX_PER_INSTANCE (an int >= 1)."""
+    value = get_settings().HISTORY
+    hint = 'For example {"ENABLED": True, "RETENTION": 86400, "MAX_PER_INSTANCE": 100} (docs/guide.md).'
+    if not isinstance(value, dict):
+        return [Error(f"GEN_DURABLE['HISTORY'] must be a dict, got {value!r}.", hint=hint, id=ID + "E110")]
+    errors = []
+    limit, shown = SECTION_LIMITS["RETENTION"]
+    for k, v in value.items():
+        if k not in HISTORY_KEYS:
+            close = difflib.get_close_matches(str(k), HISTORY_KEYS, n=1)
+            problem, fix = f" has an unknown key {k!r}", (f"Did you mean {close[0]!r}?" if close
+                                                          else f"Keys: {', '.join(HISTORY_KEYS)}.")
+        elif k == "ENABLED" and not isinstance(v, bool):
+            problem, fix = f"['ENABLED'] must be True or False, got {v!r}", "False writes no timeline entries."
+        elif k == "RETENTION" and not (_num(v) and math.isfinite(v) and v <= limit):
+            problem, fix = (f"['RETENTION'] must be a number of seconds >= 0 and <= {shown}, got {v!r}",
+                            "The GC sweep deletes timeline entries older than this.")
+        elif k == "MAX_PER_INSTANCE" and not _int(v, minimum=1):
+            problem, fix = (f"['MAX_PER_INSTANCE'] must be an int >= 1, got {v!r}",
+                            "The GC sweep keeps this many of an instance's newest entries.")
+        else:
+            continue
+        errors.append(Error(f"GEN_DURABLE['HISTORY']{problem}.", hint=fix, id=ID + "E110"))
+    return errors
+
+
 @register(Tags.compatibility)
 def check_inline(app_configs=None, **kwargs):
     """E014: INLINE bounds an inline chain: MAX_STEPS an int >= 1, MAX_SECONDS seconds > 0."""

@@ -42,6 +42,11 @@ DEFAULTS: dict[str, Any] = {
     "FLUSH": {"MAX_BATCH": 500, "MAX_DELAY": 0.005, "MAX_BYTES": 8 * 1024 * 1024},
     "REAPER": {"INTERVAL": 30},
     "GC": {"INTERVAL": 60, "RETENTION": 86400, "BATCH": 10000},
+    # The timeline of each instance (gen_durable_history, the admin's detail page): one
+    # entry per attempt that committed, written once per flush batch; the GC sweep
+    # deletes entries older than RETENTION seconds and all but an instance's newest
+    # MAX_PER_INSTANCE (docs/guide.md "Instance history").
+    "HISTORY": {"ENABLED": True, "RETENTION": 86400, "MAX_PER_INSTANCE": 100},
     "DRAIN_TIMEOUT": 5,
     # An inline chain (steps continuing in the same worker) yields back to the pick after
     # MAX_STEPS steps or MAX_SECONDS seconds, whichever comes first.
@@ -74,7 +79,7 @@ DEFAULTS: dict[str, Any] = {
 }
 
 # Keys whose dict values merge over the defaults (a partial FLUSH keeps MAX_DELAY).
-NESTED = ("FLUSH", "REAPER", "GC", "INLINE", "PRODUCER")
+NESTED = ("FLUSH", "REAPER", "GC", "HISTORY", "INLINE", "PRODUCER")
 
 
 @dataclass(frozen=True)
@@ -96,6 +101,7 @@ class Settings:
     FLUSH: dict
     REAPER: Any
     GC: Any
+    HISTORY: Any
     DRAIN_TIMEOUT: float
     INLINE: dict
     MAX_STEP_SECONDS: Any
@@ -139,6 +145,13 @@ def derived_heartbeat(lease):
     if isinstance(lease, (int, float)) and not isinstance(lease, bool) and lease > 0:
         return lease / 3
     return lease
+
+
+def history_enabled(settings: Settings | None = None) -> bool:
+    """Whether the worker writes timeline entries (HISTORY['ENABLED'] is True; a bad
+    HISTORY is check E110, and writes nothing until fixed)."""
+    value = (settings or get_settings()).HISTORY
+    return isinstance(value, dict) and value.get("ENABLED") is True
 
 
 def database_alias(using: str | None = None) -> str:

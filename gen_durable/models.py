@@ -215,6 +215,34 @@ class ScheduleState(models.Model):
         return self.name
 
 
+class HistoryEntry(models.Model):
+    """One attempt of an instance as it committed (table `gen_durable_history`): its step,
+    attempt number, outcome, error, the worker that ran it (the claimant, `locked_by`),
+    and when it started and finished (the database's clock). Written by the worker once per
+    flush batch, trimmed by the GC (HISTORY, docs/guide.md); the admin's timeline.
+
+    outcome: next, inline (a Next continued by the same worker), retry, await, schedule
+    (children spawned), done or failed (a Stop, or the last attempt's error)."""
+
+    id = models.BigAutoField(primary_key=True)
+    instance_id = models.BigIntegerField()
+    attempt = models.IntegerField()
+    step = models.TextField()
+    outcome = models.TextField()
+    error = models.TextField(null=True, blank=True)
+    worker = models.TextField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "gen_durable_history"
+        managed = False  # DDL is owned by migrations/0010_history.py (RunSQL)
+        verbose_name_plural = "history entries"
+
+    def __str__(self):
+        return f"#{self.instance_id} {self.step} attempt {self.attempt}: {self.outcome}"
+
+
 class QueueOverview(Instance):
     """No table of its own: gives the admin index its "Queue overview" entry."""
 

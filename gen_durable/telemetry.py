@@ -27,6 +27,8 @@ never breaks the engine. `duration` measurements are seconds (float).
 | schedule.fired         | count (1)                                 | schedule, tick, late (s) |
 | schedule.skipped       | count (1)                                 | schedule, tick, late (s) |
 | gc.swept               | count, buckets, gates                     |                       |
+| gc.history             | count (timeline entries deleted)          |                       |
+| history.error          | count (timeline entries not written; their outcomes committed) | error |
 | flush.stop             | count, stale, duration, held (waited for the FLUSH.MAX_DELAY window) |  |
 | flush.error            | count                                     | error                 |
 | producer.flush         | count, duplicates, duration               |                       |
@@ -80,6 +82,7 @@ EVENTS = (
     "scheduler.abandoned", "scheduler.handed_back",
     "concurrency.contended", "concurrency.throttled", "outcome.stale", "reaper.reaped",
     "await.timeout", "step.timeout", "step.slow", "schedule.fired", "schedule.skipped", "gc.swept", "flush.stop", "flush.error",
+    "gc.history", "history.error",
     "flush.retry", "flush.key_conflict", "step.connection_retry", "inline.continue", "inline.yield",
     "producer.flush", "producer.error",
     "rate_limit.throttled",

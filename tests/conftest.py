@@ -27,7 +27,8 @@ def queue_name(request):
 def clean_tables(transactional_db):
     """Committed-row tests start from empty tables (transactional_db flushes after)."""
     with connection.cursor() as cur:
-        cur.execute("TRUNCATE gen_durable, gen_durable_signals, gen_durable_buckets, gen_durable_bucket_configs RESTART IDENTITY CASCADE")
+        cur.execute("TRUNCATE gen_durable, gen_durable_signals, gen_durable_buckets, gen_durable_bucket_configs, "
+                    "gen_durable_history RESTART IDENTITY CASCADE")
     yield
 
 
@@ -36,7 +37,7 @@ def committed(clean_tables):
     """Committed rows (other sessions and processes see them), removed again at teardown."""
     yield
     with connection.cursor() as cur:
-        cur.execute("TRUNCATE gen_durable, gen_durable_signals RESTART IDENTITY CASCADE")
+        cur.execute("TRUNCATE gen_durable, gen_durable_signals, gen_durable_history RESTART IDENTITY CASCADE")
 
 
 @pytest.fixture

@@ -79,6 +79,12 @@ class Entry:
     inputs: tuple = ((), ())  # inline: (inbox, children) the flush loaded for the next step
     has_children: bool = False  # inline: the row has children (the flush loads them for the next step)
     chain: tuple = ()  # inline: (started, steps) of the chain the next step continues
+    # The instance's timeline entry (HISTORY; the flush writes one per committed entry
+    # whose attempt is set): the attempt that ran, and when it began and ended
+    # (time.monotonic()). None: no step ran (a requeue), or the time is unknown.
+    attempt: int | None = None
+    began: float | None = None
+    ended: float | None = None
 
 
 def error_text(error: BaseException) -> str:
@@ -124,7 +130,14 @@ def _log_attempt(job: Claimed, entry: Entry, error: BaseException, handle_error:
 
 def stop_entry(job: Claimed, reason: str) -> Entry:
     return Entry(id=job.id, worker=job.worker, kind="stop", error=reason, fsm=job.fsm,
-                 from_step=job.step, queue=job.queue, slot=job.slot, parent_id=job.parent_id)
+                 from_step=job.step, queue=job.queue, slot=job.slot, parent_id=job.parent_id,
+                 attempt=job.attempt)
+
+
+def _stamped(entry: Entry, job: Claimed, began: float) -> Entry:
+    """`entry` with its timeline fields: `job`'s attempt, run from `began` until now."""
+    entry.attempt, entry.began, entry.ended = job.attempt, began, time.monotonic()
+    return entry
 
 
 def execute(job: Claimed, *, inline: bool = False) -> Entry:
@@ -138,6 +151,7 @@ def execute(job: Claimed, *, inline: bool = False) -> Entry:
         telemetry.emit("step.start", {}, {"id": job.id, "fsm": job.fsm, "step": job.step,
                                           "attempt": job.attempt, "queue": job.queue})
     started = time.perf_counter()
+    began = time.monotonic()
     try:
         cls = registry.get(job.fsm, job.fsm_version)
     except UnknownMachine as exc:
@@ -147,6 +161,7 @@ def execute(job: Claimed, *, inline: bool = False) -> Entry:
             entry = aio.run(_arun(cls, job, inline))
         else:
             entry = _run(cls, job, inline)
+    _stamped(entry, job, began)
     if observed or telemetry.active():
         telemetry.emit("step.stop", {"duration": time.perf_counter() - started},
                        {"id": job.id, "fsm": job.fsm, "step": job.step, "kind": entry.kind,
@@ -380,6 +395,10 @@ def execute_timeout(job: Claimed, timeout: float, elapsed: float) -> Entry:
     Runs handle() like any step error (a Job retries by its backoff until max_attempts;
     a Machine's default handle stops the instance). Never raises Exception.
     """
+    return _stamped(_execute_timeout(job, timeout, elapsed), job, time.monotonic() - elapsed)
+
+
+def _execute_timeout(job: Claimed, timeout: float, elapsed: float) -> Entry:
     error = StepTimeout(job.step, timeout, elapsed)
     telemetry.emit("step.timeout", {"count": 1, "elapsed": elapsed},
                    {"id": job.id, "fsm": job.fsm, "step": job.step, "timeout": timeout})
@@ -422,12 +441,14 @@ async def aexecute(job: Claimed, *, inline: bool = False) -> Entry:
     telemetry.emit("step.start", {}, {"id": job.id, "fsm": job.fsm, "step": job.step,
                                       "attempt": job.attempt, "queue": job.queue})
     started = time.perf_counter()
+    began = time.monotonic()
     try:
         cls = registry.get(job.fsm, job.fsm_version)
     except UnknownMachine as exc:
         entry = stop_entry(job, str(exc))
     else:
         entry = await _arun(cls, job, inline)
+    _stamped(entry, job, began)
     telemetry.emit("step.stop", {"duration": time.perf_counter() - started},
                    {"id": job.id, "fsm": job.fsm, "step": job.step, "kind": entry.kind,
                     "attempt": job.attempt, "queue": job.queue, "error": entry.error})

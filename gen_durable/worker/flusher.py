@@ -31,7 +31,7 @@ from ..calls import Batch, insert_rows
 from .claims import load_children
 from ..codec import clean_text, loads
 from ..machine import Signal
-from ..conf import get_settings
+from ..conf import get_settings, history_enabled
 from . import connections
 
 logger = logging.getLogger("gen_durable.flusher")
@@ -225,6 +225,8 @@ def flush(entries, using=None, limiter=None, alone=False) -> FlushResult:
                 # COMMIT was sent and no answer came: it may or may not have landed.
                 raise CommitInDoubt(f"connection lost during COMMIT: {exc}") from exc
             raise
+    if history_enabled():
+        write_history(entries, result.committed, using)
     if limiter is not None and not limiter.transactional:
         slots = _credited(e for e in entries if e.id in result.committed)
         if slots:
@@ -236,6 +238,57 @@ def flush(entries, using=None, limiter=None, alone=False) -> FlushResult:
     for e in result.stale:
         telemetry.emit("outcome.stale", {"count": 1}, {"id": e.id, "fsm": e.fsm, "step": e.from_step, "kind": e.kind})
     return result
+
+
+# The timeline's name of each flush kind (gen_durable_history.outcome): a Stop failed the
+# instance; the others are the outcome the step returned.
+HISTORY_OUTCOMES = {"next": "next", "inline": "inline", "retry": "retry", "await": "await",
+                    "schedule": "schedule", "done": "done", "stop": "failed"}
+
+
+def write_history(entries, committed, using=None) -> int:
+    """One timeline entry per committed entry that ran an attempt, in one statement
+    (sql/history_insert.sql), after the flush committed: an entry never describes an
+    outcome that did not commit. Returns the entries written.
+
+    Best effort: the outcomes are durable already, so a failure here loses this batch's
+    entries (logged, `history.error`) and fails nothing — the flush is not retried for
+    it. A lost connection is closed, so the next flush starts on a new one."""
+    rows = [e for e in entries if e.attempt is not None and e.id in committed]
+    if not rows:
+        return 0
+    now = time.monotonic()
+    col = _column
+    params = {
+        "id": db.pg_array([e.id for e in rows]),
+        "attempt": db.pg_array([e.attempt for e in rows]),
+        "step": db.pg_array([e.from_step or e.step or "" for e in rows]),
+        "error": col([e.error for e in rows]),
+        "began": col([None if e.began is None else max(now - e.began, 0.0) for e in rows]),
+        "ended": db.pg_array([0.0 if e.ended is None else max(now - e.ended, 0.0) for e in rows]),
+    }
+    params["worker"], params["worker_1"] = db.batch_column([e.worker for e in rows])
+    params["outcome"], params["outcome_1"] = db.batch_column([HISTORY_OUTCOMES.get(e.kind, e.kind) for e in rows])
+    conn = db.connection(using)
+    try:
+        if conn.in_atomic_block:  # a caller's transaction (drain(), tests): a failure must not abort it
+            from django.db import transaction
+
+            with transaction.atomic(using=conn.alias):
+                db.execute(sql.HISTORY_INSERT, params, using)
+        else:
+            db.execute(sql.HISTORY_INSERT, params, using)
+    except Exception as exc:
+        logger.warning("timeline entries of %d committed outcomes were not written (%s); the outcomes stand",
+                       len(rows), str(exc).strip())
+        telemetry.emit("history.error", {"count": len(rows)}, {"error": repr(exc)})
+        if db.is_connection_error(exc):
+            try:
+                conn.close()
+            except Exception:
+                pass
+        return 0
+    return len(rows)
 
 
 def _read_outcomes(rows, entries, result) -> Counter:

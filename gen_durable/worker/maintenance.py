@@ -88,6 +88,36 @@ def gc(retention: float, batch: int, using=None, limiter=None) -> int:
     return deleted
 
 
+def gc_history(retention: float, cap: int, batch: int, after: int | None = None, using=None) -> tuple[int, int | None]:
+    """Trim the timeline (gen_durable_history; docs/design.md#history): delete entries
+    older than `retention` seconds, then all but the newest `cap` of each instance with
+    an entry written after id `after` (None: of the last `batch` entries written).
+
+    Bounded batches (`batch` entries read and at most `batch` deleted per statement); a
+    full batch is followed at once by another. Returns (entries deleted, the `after` to
+    pass next time): an instance goes over the cap only by gaining an entry, so each
+    pass looks only at what was written since the previous one.
+    """
+    deleted = 0
+    while True:
+        n = db.execute(sql.HISTORY_GC_AGE, {"retention": float(retention), "batch": batch}, using)
+        deleted += n
+        if n < batch:
+            break
+    while True:
+        last, seen, gone = db.fetchall(sql.HISTORY_GC_CAP, {"after": after, "batch": batch, "cap": cap}, using)[0]
+        deleted += gone
+        if gone >= batch:
+            continue  # the same window again: its instances may have more to trim
+        if last is not None:
+            after = last
+        if seen < batch:
+            break
+    if deleted:
+        telemetry.emit("gc.history", {"count": deleted}, {})
+    return deleted, after
+
+
 class Periodic(Role):
     """A daemon thread calling `fn()` every `interval` seconds until stopped.
 
@@ -144,9 +174,17 @@ def reaper_sweep(using=None, limiter=None):
                "reaper sweep: %d leases reaped, %d await timeouts fired", len(reaped), len(woken))
 
 
-def make_gc_sweep(retention, batch, limiter, using=None):
+def make_gc_sweep(retention, batch, limiter, using=None, history=None):
+    """The GC role's tick: terminal rows past `retention`, then the timeline per
+    `history` (HISTORY: RETENTION, MAX_PER_INSTANCE; None: not trimmed)."""
+    cursor = {"after": None}  # the last timeline id a cap pass read (this process's)
+
     def sweep():
         n = gc(retention, batch, using, limiter)
         logger.log(logging.INFO if n else logging.DEBUG, "gc sweep: %d terminal rows deleted", n)
+        if history:
+            trimmed, cursor["after"] = gc_history(history["RETENTION"], history["MAX_PER_INSTANCE"], batch,
+                                                  cursor["after"], using)
+            logger.log(logging.INFO if trimmed else logging.DEBUG, "gc sweep: %d timeline entries deleted", trimmed)
 
     return sweep

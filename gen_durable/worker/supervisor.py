@@ -314,7 +314,8 @@ class Supervisor:
                                                   lambda: reaper_sweep(self.using, self.limiter), self.using)).start())
         if self.config.gc and self.s.GC:
             self._roles.append(self._tag(Periodic("gc", self.s.GC["INTERVAL"], make_gc_sweep(
-                self.s.GC["RETENTION"], self.s.GC["BATCH"], self.limiter, self.using), self.using)).start())
+                self.s.GC["RETENTION"], self.s.GC["BATCH"], self.limiter, self.using,
+                history=self.s.HISTORY if isinstance(self.s.HISTORY, dict) else None), self.using)).start())
         if self.s.NOTIFY == "postgres" and self.s.POOLER is None and self.schedulers:
             self.listener = self._tag(Listener(self._wake, self._wake_all, self.using,
                                                on_timer=self._poke_timer)).start()

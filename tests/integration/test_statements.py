@@ -1,5 +1,9 @@
 """Statement counts of the hot path (docs/design.md#performance-contract).
 
+A flush's entries here are built as the worker builds them (`ran`: the attempt that ran
+and its times), so each committed batch also writes its timeline entries — one
+history_insert.sql statement after the commit (HISTORY, docs/design.md#history).
+
 Counted with `django_assert_num_queries` (every statement sent through Django's
 connection). The flush tests use committed rows (`transactional_db`) so its
 `transaction.atomic()` is a real transaction, which Django logs as BEGIN and COMMIT
@@ -17,6 +21,16 @@ from gen_durable.worker.flusher import flush
 from tests.durable_app.durable import Counter, Flow, Plain
 
 WORKER = "stmt-worker"
+
+
+def ran(entry, job):
+    """`entry` as the worker's executor leaves it: stamped with the attempt that ran."""
+    entry.attempt, entry.began, entry.ended = job.attempt, 0.0, 0.0
+    return entry
+
+
+def outcome(result, machine, job):
+    return ran(executor.to_entry(result, machine, job, consumed=(), presented=()), job)
 
 
 def claimed(queue, n, machine=Counter):
@@ -51,11 +65,12 @@ def test_insert_is_one_statement(django_assert_num_queries, queue_name):
 
 def _flush_count(django_assert_num_queries, queue, n):
     jobs = claimed(queue, n)
-    entries = [executor.to_entry(Next("start", state={"n": 1}), Counter, j, consumed=(), presented=())
-               for j in jobs]
-    with django_assert_num_queries(3) as captured:
+    entries = [outcome(Next("start", state={"n": 1}), Counter, j) for j in jobs]
+    with django_assert_num_queries(4) as captured:
         result = flush(entries)
     assert len(result.committed) == n and result.stale == []
+    sqls = [q["sql"] for q in captured.captured_queries]
+    assert sqls[2] == "COMMIT" and sqls[3].startswith("-- history_insert:"), sqls  # written once committed
     return statements(captured)
 
 
@@ -68,8 +83,24 @@ def test_flush_of_plain_next_outcomes_is_one_statement_whatever_the_batch(
         committed, django_assert_num_queries, queue_name):
     big = _flush_count(django_assert_num_queries, queue_name + "a", 100)
     small = _flush_count(django_assert_num_queries, queue_name + "b", 2)
-    assert len(big) == len(small) == 1
+    assert len(big) == len(small) == 2  # flush.sql, then the batch's timeline entries
     assert big[0].startswith("-- flush:")
+    with connection.cursor() as cur:
+        cur.execute("SELECT count(*) FROM gen_durable_history")
+        assert cur.fetchone() == (102,)
+
+
+def test_without_history_a_flush_is_flush_sql_alone(committed, django_assert_num_queries, queue_name, settings):
+    settings.GEN_DURABLE = {**settings.GEN_DURABLE, "HISTORY": {"ENABLED": False}}
+    entries = [outcome(Next("start"), Counter, j) for j in claimed(queue_name + "a", 50)]
+    with django_assert_num_queries(3):  # BEGIN, flush, COMMIT
+        flush(entries)
+    entries = [outcome(Next("start"), Counter, j) for j in claimed(queue_name + "b", 50)]
+    with django_assert_num_queries(1):
+        flush(entries, alone=True)
+    with connection.cursor() as cur:
+        cur.execute("SELECT count(*) FROM gen_durable_history")
+        assert cur.fetchone() == (0,)
 
 
 def test_executed_next_outcomes_flush_in_one_statement(committed, django_assert_num_queries, queue_name):
@@ -77,22 +108,23 @@ def test_executed_next_outcomes_flush_in_one_statement(committed, django_assert_
     jobs = claimed(queue_name, 20, Flow)
     entries = [executor.execute(j) for j in jobs]
     assert {e.kind for e in entries} == {"next"}
-    with django_assert_num_queries(3) as captured:
+    with django_assert_num_queries(4) as captured:
         result = flush(entries)
-    assert len(statements(captured)) == 1
+    assert len(statements(captured)) == 2  # flush.sql, history_insert.sql
     assert set(result.committed.values()) == {"runnable"}
 
 
 
-def test_a_plain_flush_alone_is_one_round_trip_and_commits(committed, django_assert_num_queries, queue_name):
+def test_a_plain_flush_alone_is_two_round_trips_and_commits(committed, django_assert_num_queries, queue_name):
     """On a connection the flusher just used (`alone`), a batch that needs only flush.sql
-    runs it without BEGIN and COMMIT: it commits as it ends."""
+    runs it without BEGIN and COMMIT: it commits as it ends; its timeline entries follow
+    in one more statement."""
     jobs = claimed(queue_name, 30, Plain)
-    entries = [executor.to_entry(Done({"n": 1}) if j.id % 2 else Next("start"), Plain, j, consumed=(),
-                                 presented=()) for j in jobs]
-    with django_assert_num_queries(1) as captured:
+    entries = [outcome(Done({"n": 1}) if j.id % 2 else Next("start"), Plain, j) for j in jobs]
+    with django_assert_num_queries(2) as captured:
         result = flush(entries, alone=True)
     assert captured.captured_queries[0]["sql"].startswith("-- flush:")
+    assert captured.captured_queries[1]["sql"].startswith("-- history_insert:")
     assert len(result.committed) == 30 and not connection.in_atomic_block
     with connection.cursor() as cur:  # committed: not inside a transaction of ours
         cur.execute("SELECT txid_current_if_assigned() IS NULL, count(*) FROM gen_durable "
@@ -106,20 +138,20 @@ def test_a_flush_that_needs_more_than_flush_sql_takes_a_transaction_even_alone(
     """An Await's re-check and a child's join with its parent commit with the outcome."""
     jobs = claimed(queue_name, 2, Plain)
     if case == "await":
-        entries = [executor.to_entry(Await(["go"], "start"), Plain, jobs[0], consumed=(), presented=())]
-        expect = 4  # BEGIN, flush, park_recheck, COMMIT
+        entries = [outcome(Await(["go"], "start"), Plain, jobs[0])]
+        expect = 5  # BEGIN, flush, park_recheck, COMMIT, history_insert
     else:
         parent, child = jobs
         with connection.cursor() as cur:
             cur.execute("UPDATE gen_durable SET parent_id = %s WHERE id = %s", [parent.id, child.id])
         child.parent_id = parent.id
-        outcome = Done(None) if case == "child_done" else gd.Stop("no")
-        entries = [executor.to_entry(outcome, Plain, child, consumed=(), presented=())]
-        expect = 4  # BEGIN, flush, join_parents, COMMIT
+        result = Done(None) if case == "child_done" else gd.Stop("no")
+        entries = [outcome(result, Plain, child)]
+        expect = 5  # BEGIN, flush, join_parents, COMMIT, history_insert
     with django_assert_num_queries(expect) as captured:
         flush(entries, alone=True)
     sqls = [q["sql"] for q in captured.captured_queries]
-    assert sqls[0] == "BEGIN" and sqls[-1] == "COMMIT", sqls
+    assert sqls[0] == "BEGIN" and sqls[-2] == "COMMIT" and sqls[-1].startswith("-- history_insert:"), sqls
 
 
 def test_an_entry_that_does_not_name_its_parent_still_joins_it_alone(committed, queue_name, caplog):
