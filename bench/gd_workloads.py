@@ -86,7 +86,7 @@ def _startup_note(res: dict) -> str:
 
 def drain(n: int, concurrency: int, processes: int, *, machine="noop", steps_per=1, prefetch=None,
           min_demand=None, max_batch=None, max_delay=None, supervisor=False, producer: dict | None = None,
-          speed_probe=False):
+          speed_probe=False, history=True):
     """A drain of ``n`` pre-filled jobs by ``processes`` `rundurable --burst` workers.
 
     supervisor: one `rundurable --processes N` (its own supervisor forks the children)
@@ -94,8 +94,12 @@ def drain(n: int, concurrency: int, processes: int, *, machine="noop", steps_per
     — pre-fill only ``prefill`` rows and insert the rest from a producer process during
     the drain, topping the runnable backlog up to ``backlog`` in insert_all batches of
     ``batch`` (continuous inserts); table/index sizes are sampled at every quarter.
+    history: False turns the per-instance timeline off (HISTORY ENABLED False), the
+    control of its cost (bench/results/history_cost.md).
     """
     knobs = {"QUEUES": {"default": concurrency}}
+    if not history:
+        knobs["HISTORY"] = {"ENABLED": False}
     if max_batch is not None or max_delay is not None:  # else the defaults (FLUSH left out)
         knobs["FLUSH"] = {"MAX_BATCH": 500 if max_batch is None else max_batch,
                           "MAX_DELAY": 0.005 if max_delay is None else max_delay}
@@ -358,6 +362,8 @@ WORKLOADS = {
     # What a user gets without a knob: QUEUES {"default": 10}, the adaptive claim-ahead
     # (PREFETCH / MIN_DEMAND None), FLUSH {"MAX_BATCH": 100, "MAX_DELAY": 0.005}.
     "gd_drain_defaults_p1": drain(20_000, 10, 1),
+    # The same with the per-instance timeline off: its cost (bench/results/history_cost.md).
+    "gd_drain_defaults_p1_nohistory": drain(20_000, 10, 1, history=False),
     "gd_drain_c10_p1": drain(20_000, 10, 1),
     # The same with the claim-ahead of the old defaults (PREFETCH 0, MIN_DEMAND 1): the cliff.
     "gd_drain_c10_p1_pf0": drain(20_000, 10, 1, prefetch=0, min_demand=1, max_batch=100),
@@ -384,6 +390,8 @@ WORKLOADS = {
     # (PREFETCH) keep the threads busy meanwhile.
     "gd_pipeline_5step_inline_c16_p2": drain(4_000, 16, 2, machine="InlinePipeline", steps_per=5,
                                              prefetch=200, min_demand=50),
+    "gd_pipeline_5step_inline_c16_p2_nohistory": drain(4_000, 16, 2, machine="InlinePipeline", steps_per=5,
+                                                       prefetch=200, min_demand=50, history=False),
     # 1,000 `async def` steps that each await 1 s, at concurrency 1,000 in one process:
     # the elapsed time (clock includes worker start-up) shows they overlap.
     "gd_async_1000x1s_c1000_p1": drain(1_000, 1000, 1, machine="AsyncPing", prefetch=0),
