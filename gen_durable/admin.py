@@ -241,6 +241,7 @@ class InstanceAdmin(admin.ModelAdmin):
                            "eligible_at", "correlation_key", "inserted_at", "updated_at", "running")}),
         ("State and outcome", {"fields": ("state_pretty", "result_pretty", "last_error_pretty",
                                           "last_traceback_pretty", "attempt_log_pretty")}),
+        ("Timeline (newest first)", {"fields": ("timeline",)}),
         ("Lease", {"fields": ("locked_by", "lease_expires_at")}),
         ("Waiting", {"fields": ("awaits", "await_deadline", "parent_link", "children_pending")}),
         ("Limits", {"fields": ("concurrency_key_info", "concurrency_shard", "rate_limit_info", "weight")}),
@@ -357,6 +358,13 @@ class InstanceAdmin(admin.ModelAdmin):
         if not obj.last_traceback:
             return "—"
         return format_html("<pre class=\"gd-json gd-traceback\">{}</pre>", obj.last_traceback)
+
+    @admin.display(description="attempts and admin actions")
+    def timeline(self, obj):
+        """The worker's entries and the admin log of this instance (gen_durable/history.py)."""
+        from .history import timeline_html
+
+        return timeline_html(obj.id, obj._state.db)
 
     @admin.display(description="concurrency key")
     def concurrency_key_info(self, obj):

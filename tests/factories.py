@@ -3,7 +3,7 @@
 import factory
 from factory.django import DjangoModelFactory
 
-from gen_durable.models import Instance, Signal
+from gen_durable.models import HistoryEntry, Instance, Signal
 
 
 class InstanceFactory(DjangoModelFactory):
@@ -49,3 +49,18 @@ class HandedBackFactory(InstanceFactory):
     unknown_since = factory.LazyFunction(lambda: __import__("django.utils.timezone", fromlist=["now"]).now())
     eligible_at = factory.LazyFunction(lambda: __import__("datetime").datetime(9999, 1, 1,
                                                                                tzinfo=__import__("datetime").timezone.utc))
+
+
+class HistoryEntryFactory(DjangoModelFactory):
+    """A timeline entry (gen_durable_history) as the flush writes it."""
+
+    class Meta:
+        model = HistoryEntry
+
+    instance_id = factory.Sequence(lambda n: 10**9 + n)
+    attempt = 0
+    step = "start"
+    outcome = "next"
+    worker = "test-worker"
+    started_at = factory.LazyFunction(lambda: __import__("django.utils.timezone", fromlist=["now"]).now())
+    finished_at = factory.LazyFunction(lambda: __import__("django.utils.timezone", fromlist=["now"]).now())

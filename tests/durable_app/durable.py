@@ -209,6 +209,7 @@ class SlowCounter(gd.Machine):
         return gd.Next("start", state={**ctx.state, "n": n})
 
 from . import inline_machines  # noqa: E402,F401  (registered for worker subprocesses too)
+from . import history_machines  # noqa: E402,F401
 from . import async_machines  # noqa: E402,F401
 from . import limit_machines  # noqa: E402,F401  (registered for worker subprocesses too)
 from tests.durable_app import supervision_machines  # noqa: E402,F401  (supervision and fault tests)
