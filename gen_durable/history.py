@@ -63,6 +63,8 @@ def _duration(entry: HistoryEntry) -> str:
     if entry.started_at is None:
         return "—"
     seconds = max((entry.finished_at - entry.started_at).total_seconds(), 0.0)
+    if seconds < 0.01:
+        return f"{seconds * 1000:.1f} ms"
     return f"{seconds * 1000:,.0f} ms" if seconds < 10 else f"{seconds:,.1f} s"
 
 

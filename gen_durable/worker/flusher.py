@@ -134,7 +134,7 @@ def _credited(entries) -> list:
     return [e.slot for e in entries if e.slot is not None and e.kind != "inline"]
 
 
-def flush(entries, using=None, limiter=None, alone=False) -> FlushResult:
+def flush(entries, using=None, limiter=None, alone=False, history=None) -> FlushResult:
     """Commit `entries` (len ≤ FLUSH.MAX_BATCH) atomically; return what committed.
 
     An "inline" entry (a Next continuing in the same worker) is part of the same
@@ -155,6 +155,10 @@ def flush(entries, using=None, limiter=None, alone=False) -> FlushResult:
     connection lost during a lone statement leaves its outcome in doubt (it may have
     committed), so a connection that sat idle — and may have been dropped meanwhile —
     starts with a BEGIN, whose failure proves nothing was sent.
+
+    history: whether to write the committed attempts' timeline entries (`write_history`,
+    one statement after the commit); None: when HISTORY is on. The Flusher passes False
+    and writes them itself once the workers are woken.
 
     Raises DatabaseError when it fails (nothing commits), CommitInDoubt when the
     connection was lost after the outcome may have been committed.
@@ -225,7 +229,7 @@ def flush(entries, using=None, limiter=None, alone=False) -> FlushResult:
                 # COMMIT was sent and no answer came: it may or may not have landed.
                 raise CommitInDoubt(f"connection lost during COMMIT: {exc}") from exc
             raise
-    if history_enabled():
+    if history or (history is None and history_enabled()):
         write_history(entries, result.committed, using)
     if limiter is not None and not limiter.transactional:
         slots = _credited(e for e in entries if e.id in result.committed)
@@ -499,7 +503,7 @@ class Flusher:
                 # connection lost meanwhile fails there, and the flush is retried.
                 alone = (time.monotonic() - self._used < FRESH_CONNECTION
                          and connections.untouched(self.using))
-                result = flush(entries, self.using, self.limiter, alone=alone)
+                result = flush(entries, self.using, self.limiter, alone=alone, history=False)
                 self._used = time.monotonic()
                 break
             except CommitInDoubt as exc:
@@ -537,6 +541,11 @@ class Flusher:
             self._deferred_since.pop(entry.id, None)
             if fut is not None:
                 fut.set_result("stale" if entry.id in stale else "committed")
+        # The timeline last: the chains and step threads this commit frees go on
+        # meanwhile instead of waiting one more round trip (docs/design.md#history).
+        if history_enabled():
+            if write_history(entries, result.committed, self.using):
+                self._used = time.monotonic()
         return None
 
     def _unstorable(self, batch, exc):

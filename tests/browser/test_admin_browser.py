@@ -14,7 +14,7 @@ from django.contrib.auth.models import User
 from django.contrib.staticfiles.testing import StaticLiveServerTestCase
 
 import gen_durable as gd
-from gen_durable.models import Instance, Signal
+from gen_durable.models import HistoryEntry, Instance, Signal
 from gen_durable.testing import drain
 from tests.durable_app.durable import Plain
 from tests.durable_app.signal_machines import FanOut, Recorder
@@ -229,3 +229,48 @@ class AdminInBrowser(StaticLiveServerTestCase):
         history = self.wait_for("#change-history").text
         assert "Cancelled (admin action); reason: customer withdrew by phone" in history and "operator2" in history
         self.shot("15-history")
+
+    def test_the_timeline_of_a_machine(self):
+        """A machine run by a worker — an inline step, a handled error retried, an Await,
+        an admin's signal with a reason, the last step — reads as one timeline on its
+        detail page, newest first (docs/admin.md "Timeline")."""
+        import time
+
+        from gen_durable.worker.supervisor import Supervisor, WorkerConfig
+        from tests.durable_app.history_machines import HistoryFlow
+
+        def wait(predicate, what):
+            deadline = time.monotonic() + 15
+            while not predicate():
+                assert time.monotonic() < deadline, f"timed out waiting for {what}"
+                time.sleep(0.05)
+
+        User.objects.create_superuser("operator3", "op3@example.com", "s3cret-pass")
+        flow = gd.insert(HistoryFlow, queue=QUEUE, correlation_key="order:88")
+        sup = Supervisor(WorkerConfig(queues={QUEUE: 2})).start()
+        try:
+            wait(lambda: Instance.objects.get(id=flow).status == "awaiting_signal", "the Await")
+            b = self.browser
+            self.client.force_login(User.objects.get(username="operator3"))
+            self.visit("/admin/")
+            b.add_cookie({"name": "sessionid", "value": self.client.cookies["sessionid"].value, "path": "/"})
+            self.visit(f"/admin/gen_durable/instance/{flow}/change/")
+            self.wait_for("#gd-act-signal").click()
+            self.wait_for("#id_name").send_keys("go")
+            b.find_element(By.ID, "id_reason").send_keys("warehouse confirmed by phone")
+            b.find_element(By.ID, "gd-confirm").click()
+            self.wait_for("ul.messagelist")
+            wait(lambda: Instance.objects.get(id=flow).status == "done", "done")
+            wait(lambda: HistoryEntry.objects.filter(instance_id=flow).count() == 4, "the last entry")
+        finally:
+            sup.stop()
+        self.visit(f"/admin/gen_durable/instance/{flow}/change/")
+        rows = [r.text for r in self.wait_for("#gd-timeline").find_elements(By.CSS_SELECTOR, "tbody tr")]
+        assert len(rows) == 5, rows
+        assert "step c attempt 0 → done" in rows[0]
+        assert "admin operator3" in rows[1] and "warehouse confirmed by phone" in rows[1]
+        assert "step b attempt 1 → awaits signals" in rows[2]
+        assert "step b attempt 0 → retry" in rows[3] and "ValueError: flaky" in rows[3]
+        assert "step a attempt 0 → next step (inline)" in rows[4]
+        b.execute_script("document.getElementById('gd-timeline').closest('fieldset').scrollIntoView()")
+        self.browser.save_screenshot(str(SHOTS / "16-detail-timeline.png"))
