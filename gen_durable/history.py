@@ -48,7 +48,8 @@ def timeline(instance_id: int, using: str | None = None, limit: int = TIMELINE_L
 
 
 OUTCOME_LABELS = {"next": "next step", "inline": "next step (inline)", "retry": "retry", "await": "awaits signals",
-                  "schedule": "spawned children", "done": "done", "failed": "failed"}
+                  "schedule": "spawned children", "done": "done", "failed": "failed",
+                  "lost": "lost (no outcome: the worker died or its lease lapsed)"}
 
 
 def _time(value) -> str:

@@ -222,7 +222,8 @@ class HistoryEntry(models.Model):
     flush batch, trimmed by the GC (HISTORY, docs/guide.md); the admin's timeline.
 
     outcome: next, inline (a Next continued by the same worker), retry, await, schedule
-    (children spawned), done or failed (a Stop, or the last attempt's error)."""
+    (children spawned), done, failed (a Stop, or the last attempt's error), or lost (the
+    reaper found its lease lapsed: the worker died or stalled before an outcome)."""
 
     id = models.BigAutoField(primary_key=True)
     instance_id = models.BigIntegerField()

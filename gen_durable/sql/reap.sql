@@ -3,14 +3,16 @@
 -- attempt counts, so a step that kills its own process reaches its machine's max_attempts
 -- (the executor fails a row claimed at attempt >= max_attempts without running it).
 -- Contract: docs/design.md#leases, docs/design.md#decisions (clear the shard too).
--- Params: limit int (rows per statement; the reaper loops while a batch fills).
+-- Params: limit int (rows per statement; the reaper loops while a batch fills),
+--   history bool (HISTORY on: each lost attempt gets its timeline entry, outcome
+--   'lost', in this statement — docs/design.md#history).
 -- Index: gen_durable_lease (lease_expires_at) WHERE status = 'executing' — cost tracks
 --   the expired set, not the table. Locks: id order, SKIP LOCKED (several reapers may
 --   run at once; no leader election). Reaped queues are notified on commit.
 -- Returns the key, shard and claimant each row held (the locked version), so the caller
 --   credits the gate slot in the same transaction (Redis: the claimant's slot only).
 WITH expired AS (
-    SELECT id, concurrency_key, concurrency_shard, locked_by,
+    SELECT id, concurrency_key, concurrency_shard, locked_by, step, attempt, updated_at AS claimed_at,
            CASE WHEN correlation_guard IS NULL AND 'runnable' = ANY (correlation_scope)
                 THEN correlation_key END AS entering_key
     FROM gen_durable
@@ -52,6 +54,14 @@ WITH expired AS (
     FROM expired_first expired
     WHERE g.id = expired.id
     RETURNING g.id, g.queue, expired.concurrency_key, expired.concurrency_shard, expired.locked_by
+), lost AS (
+    -- The lost attempt, from its claim (updated_at) to now, with the text of last_error.
+    INSERT INTO gen_durable_history (instance_id, attempt, step, outcome, error, worker, started_at, finished_at)
+    SELECT x.id, x.attempt, x.step, 'lost',
+           format('the worker died or lost its lease during step %%s (attempt %%s)', x.step, x.attempt + 1),
+           x.locked_by, x.claimed_at, now()
+    FROM upd JOIN expired_first x ON x.id = upd.id
+    WHERE %(history)s::bool
 ), wake AS (
     SELECT pg_notify('gen_durable', queue) FROM (SELECT DISTINCT queue FROM upd) q
 )

@@ -14,7 +14,7 @@ import time
 from django.db import reset_queries, transaction
 
 from .. import db, sql, telemetry
-from ..conf import database_alias
+from ..conf import database_alias, history_enabled
 from . import connections
 from .roles import Role
 
@@ -34,13 +34,14 @@ def reap(using=None, limiter=None) -> list[int]:
 
         limiter = get_limiter(using)
     reaped = []
+    params = {"limit": REAP_BATCH, "history": history_enabled()}  # a lost attempt's timeline entry
     while True:
         if limiter.transactional:
             with transaction.atomic(using=database_alias(using)):
-                rows = db.fetchall(sql.REAP, {"limit": REAP_BATCH}, using)
+                rows = db.fetchall(sql.REAP, params, using)
                 limiter.credit([limiter.slot_for(r[0], r[2], r[3], r[4]) for r in rows])
         else:
-            rows = db.fetchall(sql.REAP, {"limit": REAP_BATCH}, using)
+            rows = db.fetchall(sql.REAP, params, using)
             limiter.credit([limiter.slot_for(r[0], r[2], r[3], r[4]) for r in rows])
         reaped += [r[0] for r in rows]
         if len(rows) < REAP_BATCH:

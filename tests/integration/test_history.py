@@ -287,3 +287,24 @@ def test_the_timeline_costs_the_same_queries_for_3_or_300_entries(admin_client, 
 
         assert len(timeline(big.id)) == 50
     assert len(captured.captured_queries) == 2  # the history's newest 50, the admin log's
+
+
+# --- an attempt with no outcome ---------------------------------------------------------------
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_a_lost_lease_is_a_lost_attempt_in_the_reap(committed, queue_name, settings, enabled):
+    """The worker died in the step: the reaper's transition and the attempt's entry
+    (outcome `lost`, the claimant, from its claim to the reap) are one statement."""
+    settings.GEN_DURABLE = {**settings.GEN_DURABLE, "HISTORY": {"ENABLED": enabled}}
+    (job,) = claims.pick(*_claim(queue_name, Plain, 1))
+    with connection.cursor() as cur:
+        cur.execute("UPDATE gen_durable SET lease_expires_at = now() - interval '1 second' WHERE id = %s", [job.id])
+    assert maintenance.reap() == [job.id]
+    row = Instance.objects.get(id=job.id)
+    assert (row.status, row.attempt) == ("runnable", 1)
+    if not enabled:
+        assert entries_of(job.id) == []
+        return
+    (entry,) = entries_of(job.id)
+    assert (entry.step, entry.attempt, entry.outcome, entry.worker) == ("start", 0, "lost", WORKER)
+    assert entry.error == row.last_error and entry.started_at <= entry.finished_at

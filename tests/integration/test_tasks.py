@@ -261,7 +261,7 @@ def test_a_lost_attempt_is_an_error_with_its_worker_and_counts_as_an_attempt():
     def lose(result):
         Instance.objects.filter(id=int(result.id)).update(
             status="executing", locked_by="dead-worker", lease_expires_at=timezone.now() - dt.timedelta(seconds=1))
-        assert db.fetchall(sql.REAP, {"limit": 10})
+        assert db.fetchall(sql.REAP, {"limit": 10, "history": True})
 
     retried = t.flaky.enqueue(1)  # the "retrying" backend: 3 attempts
     lose(retried)

@@ -95,7 +95,7 @@ def test_pick_touches_about_a_batch_of_rows_when_run(scale):
     ("HEARTBEAT", {"ids": list(range(1, 51)), "worker": "w", "ttl": 60.0}),
     ("RELEASE", {"ids": list(range(1, 51)), "worker": "w"}),
     ("RECLAIM", {"queue": "q1", "prefix": "host:q1:", "margin": 20.0}),
-    ("REAP", {"limit": 1000}),
+    ("REAP", {"limit": 1000, "history": True}),
     ("EXPIRE_AWAITS", {"force": False, "limit": 1000}),
     ("GC_DELETE", {"ids": list(range(1, 1001))}),
     ("SIGNAL", {"id": 1, "key": None, "name": "go", "payload": "{}", "dedup_key": None}),
@@ -124,7 +124,7 @@ def test_gc_deletes_by_primary_key(scale):
 
 
 def test_reaper_rides_the_lease_index(scale):
-    assert "gen_durable_lease" in index_scans(plan(sql.REAP, {"limit": 1000}))
+    assert "gen_durable_lease" in index_scans(plan(sql.REAP, {"limit": 1000, "history": True}))
 
 
 def flush_params(ids, kinds, consumed=(), **fields):
@@ -243,3 +243,40 @@ def test_deploy_statements_ride_the_unknown_index_never_the_table(scale):
             assert not seq_scans_of_instances(p), statement.splitlines()[0]
     for statement, params in ((sql.ADOPT_KNOWN, known), (sql.UNKNOWN_WAITING, None)):
         assert "gen_durable_unknown" in index_scans(plan(statement, params)), statement.splitlines()[0]
+
+
+# --- the timeline (gen_durable_history) -------------------------------------------------------
+
+@pytest.fixture
+def timeline_rows(_seeded, db):
+    """100,000 entries of 10,000 instances (10 each), analysed: the planner sees a table."""
+    with connection.cursor() as cur:
+        cur.execute("INSERT INTO gen_durable_history (instance_id, attempt, step, outcome, worker, started_at, "
+                    "finished_at) SELECT mod(i, 10000), 0, 'start', 'next', 'w', now() - interval '1 hour', "
+                    "now() - interval '1 hour' + i * interval '1 millisecond' FROM generate_series(1, 100000) i")
+        cur.execute("ANALYZE gen_durable_history")
+    yield
+
+
+def seq_scans_of_history(p):
+    return [n for n in nodes(p) if n["Node Type"] == "Seq Scan" and n.get("Relation Name") == "gen_durable_history"]
+
+
+@pytest.mark.parametrize("name, params, index", [
+    ("HISTORY_GC_AGE", {"retention": 60.0, "batch": 1000}, "gen_durable_history_pkey"),
+    ("HISTORY_GC_CAP", {"after": 50_000, "batch": 1000, "cap": 5}, "gen_durable_history_instance"),
+    ("HISTORY_GC_CAP", {"after": None, "batch": 1000, "cap": 5}, "gen_durable_history_instance"),
+])
+def test_the_timeline_gc_reads_a_batch_through_its_indexes(timeline_rows, name, params, index):
+    p = plan(getattr(sql, name), params)
+    assert not seq_scans_of_history(p), json.dumps(p, indent=1)[:3000]
+    assert index in index_scans(p) and "gen_durable_history_pkey" in index_scans(p)
+
+
+def test_the_admin_timeline_reads_the_newest_entries_of_one_instance(timeline_rows):
+    from gen_durable.models import HistoryEntry
+
+    qs = HistoryEntry.objects.filter(instance_id=42).order_by("-id")[:50]
+    query, params = qs.query.sql_with_params()
+    p = plan(query, params)
+    assert not seq_scans_of_history(p) and "gen_durable_history_instance" in index_scans(p)
