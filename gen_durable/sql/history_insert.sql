@@ -3,12 +3,12 @@
 --   ids that committed only: an entry never describes an outcome that did not commit.
 --   A crash between the two loses the batch's entries, never adds one.
 -- Params (one element per entry; arrays through unnest as in flush.sql): id bigint[],
---   attempt int[], step text[] (the step that ran), error text[] (NULL when it raised
---   nothing; bounded as last_error is), began float8[] (seconds since the step started,
---   NULL when unknown), ended float8[] (seconds since it ended); worker text[] and
---   outcome text[] (next | inline | retry | await | schedule | done | failed) as in
---   insert_all.sql (db.batch_column): the array, or NULL and the one value as
---   worker_1 / outcome_1 when the batch shares it.
+--   attempt int[], error text[] (NULL when it raised nothing; bounded as last_error
+--   is), began bigint[] (microseconds since the step started, NULL when unknown),
+--   ended bigint[] (microseconds since it ended); step text[] (the step that ran),
+--   outcome text[] (next | inline | retry | await | schedule | done | failed) and
+--   worker text[] as in insert_all.sql (db.batch_column): the array, or NULL and the
+--   one value as step_1 / outcome_1 / worker_1 when every entry shares it.
 -- Times: the database's clock (now()) less what the worker measured on its monotonic
 --   clock, so entries compare with updated_at and with each other across hosts.
 -- Commit: asynchronous (synchronous_commit off for this statement's own transaction:
@@ -18,9 +18,10 @@
 -- Index: appends to the primary key and to gen_durable_history_instance.
 WITH async AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true))
 INSERT INTO gen_durable_history (instance_id, attempt, step, outcome, error, worker, started_at, finished_at)
-SELECT i.id, i.attempt, i.step, COALESCE(i.o, %(outcome_1)s::text), i.error, COALESCE(i.w, %(worker_1)s::text),
-       now() - make_interval(secs => i.began), now() - make_interval(secs => i.ended)
+SELECT i.id, i.attempt, COALESCE(i.s, %(step_1)s::text), COALESCE(i.o, %(outcome_1)s::text), i.error,
+       COALESCE(i.w, %(worker_1)s::text),
+       now() - i.began * interval '1 microsecond', now() - i.ended * interval '1 microsecond'
 FROM unnest(%(id)s::bigint[], %(attempt)s::int[], %(step)s::text[], %(outcome)s::text[],
-            %(error)s::text[], %(worker)s::text[], %(began)s::float8[], %(ended)s::float8[])
-     AS i(id, attempt, step, o, error, w, began, ended)
+            %(error)s::text[], %(worker)s::text[], %(began)s::bigint[], %(ended)s::bigint[])
+     AS i(id, attempt, s, o, error, w, began, ended)
 CROSS JOIN async

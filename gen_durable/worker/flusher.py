@@ -250,29 +250,46 @@ HISTORY_OUTCOMES = {"next": "next", "inline": "inline", "retry": "retry", "await
                     "schedule": "schedule", "done": "done", "stop": "failed"}
 
 
+HISTORY_DELAY = 0.1  # seconds a committed attempt's entry may wait in the Flusher to share a write
+HISTORY_BATCH = 1000  # entries per history_insert.sql statement at most
+
+
+def history_rows(entries, committed) -> list[tuple]:
+    """The timeline entries of the committed `entries` that ran an attempt, as small
+    tuples (id, attempt, step, outcome, error, worker, began, ended) — the Flusher keeps
+    these, not the entries and the states they carry, until it writes them."""
+    return [(e.id, e.attempt, e.from_step or e.step or "", HISTORY_OUTCOMES.get(e.kind, e.kind), e.error,
+             e.worker, e.began, e.ended) for e in entries if e.attempt is not None and e.id in committed]
+
+
 def write_history(entries, committed, using=None) -> int:
     """One timeline entry per committed entry that ran an attempt, in one statement
     (sql/history_insert.sql), after the flush committed: an entry never describes an
-    outcome that did not commit. Returns the entries written.
+    outcome that did not commit. Returns the entries written (`write_history_rows`)."""
+    return write_history_rows(history_rows(entries, committed), using)
 
-    Best effort: the outcomes are durable already, so a failure here loses this batch's
-    entries (logged, `history.error`) and fails nothing — the flush is not retried for
-    it. A lost connection is closed, so the next flush starts on a new one."""
-    rows = [e for e in entries if e.attempt is not None and e.id in committed]
+
+def write_history_rows(rows, using=None) -> int:
+    """Insert `rows` (`history_rows`) in one statement; return how many were written.
+
+    Best effort: the outcomes are durable already, so a failure here loses these
+    entries (logged, `history.error`) and fails nothing — no flush is retried for it. A
+    lost connection is closed, so the next flush starts on a new one."""
     if not rows:
         return 0
     now = time.monotonic()
-    col = _column
+    # Microseconds before now, as ints (an int array renders faster than floats'
+    # shortest reprs); the statement subtracts them from the database's now().
+    began = [None if r[6] is None else max(int((now - r[6]) * 1e6), 0) for r in rows]
     params = {
-        "id": db.pg_array([e.id for e in rows]),
-        "attempt": db.pg_array([e.attempt for e in rows]),
-        "step": db.pg_array([e.from_step or e.step or "" for e in rows]),
-        "error": col([e.error for e in rows]),
-        "began": col([None if e.began is None else max(now - e.began, 0.0) for e in rows]),
-        "ended": db.pg_array([0.0 if e.ended is None else max(now - e.ended, 0.0) for e in rows]),
+        "id": db.pg_array([r[0] for r in rows]),
+        "attempt": db.pg_array([r[1] for r in rows]),
+        "error": _column([r[4] for r in rows]),
+        "began": _column(began),
+        "ended": db.pg_array([0 if r[7] is None else max(int((now - r[7]) * 1e6), 0) for r in rows]),
     }
-    params["worker"], params["worker_1"] = db.batch_column([e.worker for e in rows])
-    params["outcome"], params["outcome_1"] = db.batch_column([HISTORY_OUTCOMES.get(e.kind, e.kind) for e in rows])
+    for name, i in (("step", 2), ("outcome", 3), ("worker", 5)):
+        params[name], params[name + "_1"] = db.batch_column([r[i] for r in rows])
     conn = db.connection(using)
     try:
         if conn.in_atomic_block:  # a caller's transaction (drain(), tests): a failure must not abort it
@@ -324,6 +341,9 @@ def _join_parents(parents, result, using):
             result.woken.add(queue)
 
 
+WRITE_HISTORY = object()  # `Flusher._take`'s answer when only timeline entries wait
+
+
 class CommitInDoubt(DatabaseError):
     """The connection was lost after COMMIT — or a lone flush statement, which commits as
     it ends — was sent: the flush may have committed."""
@@ -365,6 +385,10 @@ class Flusher:
         self._running = 0  # steps started but not yet submitted
         self._stopping = False
         self._used = float("-inf")  # monotonic time the flush connection last answered
+        # Timeline entries of committed attempts not written yet (`_note_history`), and
+        # the monotonic time the oldest of them was kept. The flusher thread's own.
+        self._history: list[tuple] = []
+        self._history_at = 0.0
         self._thread = threading.Thread(target=self._loop, name="gd-flusher", daemon=True)
 
     def start(self):
@@ -416,7 +440,13 @@ class Flusher:
     def _take(self):
         with self._cond:
             while not self._pending and not self._stopping:
-                self._cond.wait()
+                if not self._history:
+                    self._cond.wait()
+                    continue
+                left = self._history_at + HISTORY_DELAY - time.monotonic()
+                if left <= 0:
+                    return WRITE_HISTORY  # idle: the kept timeline entries go now
+                self._cond.wait(left)
             if not self._pending:
                 return None
             # Group commit: the oldest waiting outcome waits at most max_delay for others
@@ -463,8 +493,12 @@ class Flusher:
             batch = self._take()
             if batch is None:
                 break
-            self._flush(batch)
+            if batch is WRITE_HISTORY:
+                self._write_history()
+            else:
+                self._flush(batch)
             reset_queries()  # DEBUG keeps every query until reset, as after a request
+        self._write_history()  # stopping: what is kept is written before the connection closes
         self._close()
         connections.unbind()
 
@@ -544,9 +578,27 @@ class Flusher:
         # The timeline last: the chains and step threads this commit frees go on
         # meanwhile instead of waiting one more round trip (docs/design.md#history).
         if history_enabled():
-            if write_history(entries, result.committed, self.using):
-                self._used = time.monotonic()
+            self._note_history(entries, result.committed)
         return None
+
+    def _note_history(self, entries, committed):
+        """Keep the committed attempts' timeline entries; write them once HISTORY_BATCH
+        are kept or the oldest has waited HISTORY_DELAY — one statement for the entries
+        of many flushes under load. `_take` writes them when the flusher goes idle."""
+        rows = history_rows(entries, committed)
+        if not rows:
+            return
+        if not self._history:
+            self._history_at = time.monotonic()
+        self._history += rows
+        if len(self._history) >= HISTORY_BATCH or time.monotonic() - self._history_at >= HISTORY_DELAY:
+            self._write_history()
+
+    def _write_history(self):
+        rows, self._history = self._history, []
+        for i in range(0, len(rows), HISTORY_BATCH):
+            if write_history_rows(rows[i:i + HISTORY_BATCH], self.using):
+                self._used = time.monotonic()
 
     def _unstorable(self, batch, exc):
         # Not the connection: a statement of this batch failed on its data (a value
