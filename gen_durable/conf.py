@@ -43,9 +43,9 @@ DEFAULTS: dict[str, Any] = {
     "REAPER": {"INTERVAL": 30},
     "GC": {"INTERVAL": 60, "RETENTION": 86400, "BATCH": 10000},
     # The timeline of each instance (gen_durable_history, the admin's detail page): one
-    # entry per attempt that committed, written once per flush batch; the GC sweep
-    # deletes entries older than RETENTION seconds and all but an instance's newest
-    # MAX_PER_INSTANCE (docs/guide.md "Instance history").
+    # entry per attempt that committed, written after its commit (one statement for many
+    # flushes); the GC sweep deletes entries older than RETENTION seconds and all but an
+    # instance's newest MAX_PER_INSTANCE (docs/guide.md "Instance history").
     "HISTORY": {"ENABLED": True, "RETENTION": 86400, "MAX_PER_INSTANCE": 100},
     "DRAIN_TIMEOUT": 5,
     # An inline chain (steps continuing in the same worker) yields back to the pick after

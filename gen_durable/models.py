@@ -218,8 +218,9 @@ class ScheduleState(models.Model):
 class HistoryEntry(models.Model):
     """One attempt of an instance as it committed (table `gen_durable_history`): its step,
     attempt number, outcome, error, the worker that ran it (the claimant, `locked_by`),
-    and when it started and finished (the database's clock). Written by the worker once per
-    flush batch, trimmed by the GC (HISTORY, docs/guide.md); the admin's timeline.
+    and when it started and finished (the database's clock). Written by the worker after
+    the outcomes commit (one statement for many flushes), trimmed by the GC (HISTORY,
+    docs/guide.md); the admin's timeline.
 
     outcome: next, inline (a Next continued by the same worker), retry, await, schedule
     (children spawned), done, failed (a Stop, or the last attempt's error), or lost (the

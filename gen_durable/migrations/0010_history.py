@@ -1,8 +1,8 @@
 """Add `gen_durable_history`: the timeline of an instance, one row per attempt that committed.
 
-Written by the worker once per flush batch (sql/history_insert.sql: one INSERT of arrays
-through unnest, after the batch committed — an entry never describes an outcome that
-did not), trimmed by the GC sweep past HISTORY['RETENTION'] and beyond
+Written by the worker after the outcomes commit (sql/history_insert.sql: one INSERT of
+arrays through unnest for the entries of many flushes — an entry never describes an
+outcome that did not commit) and by the reaper for a lost attempt, trimmed by the GC sweep past HISTORY['RETENTION'] and beyond
 HISTORY['MAX_PER_INSTANCE'] entries of one instance (sql/history_gc_*.sql). No foreign
 key: an instance's GC deletes no history (its entries age out with it), and a write
 here takes no lock on gen_durable.
@@ -51,7 +51,8 @@ class Migration(migrations.Migration):
                         ("started_at", models.DateTimeField(blank=True, null=True)),
                         ("finished_at", models.DateTimeField()),
                     ],
-                    options={"db_table": "gen_durable_history", "managed": False},
+                    options={"db_table": "gen_durable_history", "managed": False,
+                             "verbose_name_plural": "history entries"},
                 ),
             ],
         ),

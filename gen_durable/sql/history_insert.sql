@@ -1,7 +1,8 @@
--- history_insert: one timeline entry per committed attempt of a flush batch, in one statement.
--- Contract: docs/design.md#history. Sent after the batch's outcomes committed, for the
---   ids that committed only: an entry never describes an outcome that did not commit.
---   A crash between the two loses the batch's entries, never adds one.
+-- history_insert: timeline entries of committed attempts, one statement for many.
+-- Contract: docs/design.md#history. Sent after the outcomes committed, for the ids that
+--   committed only: an entry never describes an outcome that did not commit (a crash
+--   before it loses entries, never adds one). The worker's flusher sends the entries
+--   of consecutive flushes together (worker/flusher.py, HISTORY_DELAY / HISTORY_BATCH).
 -- Params (one element per entry; arrays through unnest as in flush.sql): id bigint[],
 --   attempt int[], error text[] (NULL when it raised nothing; bounded as last_error
 --   is), began bigint[] (microseconds since the step started, NULL when unknown),

@@ -118,7 +118,7 @@ def test_detail_with_10000_inbox_rows_is_bounded(admin_client, queue_name):
     assert "9,980 more signals" in body and f"?target={id_}" in body
     assert "{&quot;i&quot;: 10000}" in body
     sqls = _gd_queries(captured)
-    assert len(sqls) == 4, sqls  # the row, 20 signals, the inbox count, children
+    assert len(sqls) == 5, sqls  # the row, 20 signals, the inbox count, children, the newest 50 timeline entries
     assert all("LIMIT" in s or "COUNT" in s or '"id" = ' in s for s in sqls)
     # the "see all" link lists that inbox
     listing = admin_client.get(reverse("admin:gen_durable_signal_changelist"), {"target": id_})

@@ -308,3 +308,61 @@ def test_a_lost_lease_is_a_lost_attempt_in_the_reap(committed, queue_name, setti
     (entry,) = entries_of(job.id)
     assert (entry.step, entry.attempt, entry.outcome, entry.worker) == ("start", 0, "lost", WORKER)
     assert entry.error == row.last_error and entry.started_at <= entry.finished_at
+
+
+# --- the worker's Flusher: entries of many flushes in one statement -----------------------------
+
+@pytest.fixture
+def history_writes(monkeypatch):
+    """The sizes of the Flusher's history_insert.sql statements, in order."""
+    from gen_durable.worker import flusher as flusher_module
+
+    sizes, real = [], flusher_module.write_history_rows
+
+    def counted(rows, using=None):
+        sizes.append(len(rows))
+        return real(rows, using)
+
+    monkeypatch.setattr(flusher_module, "write_history_rows", counted)
+    return sizes
+
+
+def _commit_each(flusher, queue, n):
+    jobs = claims.pick(*_claim(queue, Plain, n))
+    for job in jobs:  # one flush each: the flusher is idle between them
+        flusher.step_started()
+        assert flusher.commit(stamped(Done(None), Plain, job)) == "committed"
+    return jobs
+
+
+def test_the_flusher_writes_the_entries_of_many_flushes_in_one_statement(committed, queue_name, monkeypatch,
+                                                                         history_writes):
+    from gen_durable.worker import flusher as flusher_module
+    from gen_durable.worker.flusher import Flusher
+
+    monkeypatch.setattr(flusher_module, "HISTORY_DELAY", 3600.0)  # only the batch bound or the stop writes
+    monkeypatch.setattr(flusher_module, "HISTORY_BATCH", 4)
+    flusher = Flusher().start()
+    try:
+        jobs = _commit_each(flusher, queue_name, 6)
+        wait_until(lambda: history_writes == [4], what="the first full batch of entries")
+        assert HistoryEntry.objects.count() == 4  # the other 2 wait for more, or the stop
+    finally:
+        flusher.stop(timeout=10)
+    assert history_writes == [4, 2]
+    assert sorted(e.instance_id for e in HistoryEntry.objects.all()) == sorted(j.id for j in jobs)
+
+
+def test_an_idle_flusher_writes_what_it_keeps_after_the_delay(committed, queue_name, monkeypatch, history_writes):
+    from gen_durable.worker import flusher as flusher_module
+    from gen_durable.worker.flusher import Flusher
+
+    monkeypatch.setattr(flusher_module, "HISTORY_DELAY", 0.05)
+    flusher = Flusher().start()
+    try:
+        jobs = _commit_each(flusher, queue_name, 3)
+        wait_until(lambda: HistoryEntry.objects.count() == 3, what="the entries, without a stop or a new outcome")
+        assert sum(history_writes) == 3 and len(history_writes) <= 3
+    finally:
+        flusher.stop(timeout=10)
+    assert sorted(e.instance_id for e in HistoryEntry.objects.all()) == sorted(j.id for j in jobs)
