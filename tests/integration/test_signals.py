@@ -311,9 +311,11 @@ def test_an_await_park_flush_is_two_statements(transactional_db, queue_name):
         result = flusher.flush([entry])
     assert result.committed == {id_: "awaiting_signal"}
     # flush.sql + park_recheck.sql in one transaction (the documented exception,
-    # docs/design.md#signals); Django logs the transaction's BEGIN and COMMIT too.
+    # docs/design.md#signals); Django logs the transaction's BEGIN and COMMIT too. The
+    # attempt's timeline entry follows the commit (docs/design.md#history).
     heads = [q["sql"].splitlines()[0] for q in captured.captured_queries]
-    assert heads == ["BEGIN", sql.FLUSH.splitlines()[0], sql.PARK_RECHECK.splitlines()[0], "COMMIT"]
+    assert heads == ["BEGIN", sql.FLUSH.splitlines()[0], sql.PARK_RECHECK.splitlines()[0], "COMMIT",
+                     sql.HISTORY_INSERT.splitlines()[0]]
 
 
 # --- the lost wake-up, deterministic with two sessions ----------------------
