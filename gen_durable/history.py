@@ -49,7 +49,8 @@ def timeline(instance_id: int, using: str | None = None, limit: int = TIMELINE_L
 
 OUTCOME_LABELS = {"next": "next step", "inline": "next step (inline)", "retry": "retry", "await": "awaits signals",
                   "schedule": "spawned children", "done": "done", "failed": "failed",
-                  "lost": "lost (no outcome: the worker died or its lease lapsed)"}
+                  "lost": "lost (no outcome: the worker died or its lease lapsed)",
+                  "abandoned": "abandoned (the worker shut down while it ran)"}
 
 
 def _time(value) -> str:

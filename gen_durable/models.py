@@ -223,8 +223,9 @@ class HistoryEntry(models.Model):
     docs/guide.md); the admin's timeline.
 
     outcome: next, inline (a Next continued by the same worker), retry, await, schedule
-    (children spawned), done, failed (a Stop, or the last attempt's error), or lost (the
-    reaper found its lease lapsed: the worker died or stalled before an outcome)."""
+    (children spawned), done, failed (a Stop, or the last attempt's error), lost (the
+    reaper found its lease lapsed: the worker died or stalled before an outcome) or
+    abandoned (the worker shut down while the step still ran after DRAIN_TIMEOUT)."""
 
     id = models.BigAutoField(primary_key=True)
     instance_id = models.BigIntegerField()

@@ -1,7 +1,9 @@
 -- abandon: at shutdown, hand back the rows whose steps were still running after
 -- DRAIN_TIMEOUT: runnable at once, attempt + 1 (the step was cut off; it counts towards
 -- max_attempts like a worker that died in it), last_error says why.
--- Params: ids bigint[], worker text, drain float8 (seconds, for the message).
+-- Params: ids bigint[], worker text, drain float8 (seconds, for the message), history
+--   bool (HISTORY on: each cut-off attempt gets its timeline entry, outcome
+--   'abandoned', in this statement — docs/design.md#history).
 -- A row that keeps an attempt_log (a Django task) records the cut-off attempt as an
 --   error of class gen_durable.exceptions.WorkerShutdown, so its TaskResult counts the
 --   attempt the engine counts (as reap.sql records LeaseExpired).
@@ -10,7 +12,7 @@
 --   and comes back through the reaper. Returns the key and shard each row held (the
 --   locked version) for the gate-slot credit; the queues are notified on commit.
 WITH owned AS (
-    SELECT id, concurrency_key, concurrency_shard,
+    SELECT id, concurrency_key, concurrency_shard, step, attempt, updated_at AS claimed_at,
            CASE WHEN correlation_guard IS NULL AND 'runnable' = ANY (correlation_scope)
                 THEN correlation_key END AS entering_key
     FROM gen_durable
@@ -50,6 +52,15 @@ WITH owned AS (
     FROM owned_first owned
     WHERE g.id = owned.id
     RETURNING g.id, g.queue, owned.concurrency_key, owned.concurrency_shard
+), cut AS (
+    -- The cut-off attempt, from its claim (updated_at) to now, with the text of last_error.
+    INSERT INTO gen_durable_history (instance_id, attempt, step, outcome, error, worker, started_at, finished_at)
+    SELECT x.id, x.attempt, x.step, 'abandoned',
+           format('the worker shut down during step %%s (attempt %%s): still running after '
+                  'DRAIN_TIMEOUT (%%s s)', x.step, x.attempt + 1, %(drain)s::float8),
+           %(worker)s, x.claimed_at, now()
+    FROM upd JOIN owned_first x ON x.id = upd.id
+    WHERE %(history)s::bool
 ), wake AS (
     SELECT pg_notify('gen_durable', queue) FROM (SELECT DISTINCT queue FROM upd) q
 )

@@ -320,7 +320,10 @@ def abandon(ids, worker: str, drain: float, using=None, limiter=None) -> list[in
     """
     if not ids:
         return []
-    params = {"ids": db.pg_array(ids), "worker": worker, "drain": float(drain)}
+    from ..conf import history_enabled
+
+    params = {"ids": db.pg_array(ids), "worker": worker, "drain": float(drain),
+              "history": history_enabled()}  # a cut-off attempt's timeline entry
     transactional = limiter is not None and limiter.transactional
     with transaction.atomic(using=database_alias(using)) if transactional else nullcontext():
         rows = db.fetchall(sql.ABANDON, params, using)

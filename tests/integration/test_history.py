@@ -366,3 +366,12 @@ def test_an_idle_flusher_writes_what_it_keeps_after_the_delay(committed, queue_n
     finally:
         flusher.stop(timeout=10)
     assert sorted(e.instance_id for e in HistoryEntry.objects.all()) == sorted(j.id for j in jobs)
+
+
+def test_a_step_cut_off_at_shutdown_is_an_abandoned_attempt(committed, queue_name):
+    (job,) = claims.pick(*_claim(queue_name, Plain, 1))
+    assert claims.abandon([job.id], WORKER, 5.0) == [job.id]
+    row = Instance.objects.get(id=job.id)
+    (entry,) = entries_of(job.id)
+    assert (entry.step, entry.attempt, entry.outcome, entry.worker) == ("start", 0, "abandoned", WORKER)
+    assert entry.error == row.last_error and "DRAIN_TIMEOUT (5 s)" in entry.error
