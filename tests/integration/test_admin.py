@@ -12,7 +12,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 import gen_durable as gd
-from gen_durable.admin_paging import CAP, EstimatedCountPaginator
+from gen_durable.admin.paging import CAP, EstimatedCountPaginator
 from gen_durable.models import Instance, Signal
 from gen_durable.testing import drain
 from tests.durable_app.durable import Plain
@@ -92,7 +92,7 @@ def test_paginator_shows_the_planner_estimate_above_the_cap(queue_name):
     pages = EstimatedCountPaginator(qs, 2)
     assert (pages.count, pages.estimated, pages.num_pages) == (3, False, 2)
 
-    import gen_durable.admin_paging as paging
+    import gen_durable.admin.paging as paging
 
     original = paging.planner_rows
     paging.planner_rows = lambda qs: 5_000_000
@@ -227,7 +227,7 @@ def test_signal_form_takes_names_and_dedup_keys_as_long_as_the_api_does(admin_cl
 
 
 def test_action_selection_is_capped(admin_client, queue_name, monkeypatch):
-    import gen_durable.admin as gd_admin
+    import gen_durable.admin.site as gd_admin
 
     monkeypatch.setattr(gd_admin, "MAX_ACTION_ROWS", 2)
     ids = [gd.insert(Plain, queue=queue_name) for _ in range(3)]

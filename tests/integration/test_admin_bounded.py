@@ -7,7 +7,7 @@ from django.contrib import admin
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-import gen_durable.admin_paging as paging
+import gen_durable.admin.paging as paging
 from gen_durable.models import Bucket, Instance, Signal
 from tests.factories import InstanceFactory
 

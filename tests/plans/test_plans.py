@@ -199,7 +199,7 @@ def test_flush_reads_the_inline_rows_inboxes_by_their_target_index(scale):
 
 # --- the admin's queue overview and changelist (docs/admin.md) ------------------------
 def test_overview_statements_never_scan_the_table(scale):
-    from gen_durable.overview import COUNT_CAP
+    from gen_durable.queues import COUNT_CAP
 
     cases = [
         (sql.OVERVIEW_RUNNABLE_QUEUES, None, {"gen_durable_pick"}),

@@ -26,29 +26,14 @@ from __future__ import annotations
 
 import datetime as dt
 
-from . import db, registry, sql
-from .conf import get_settings
-from .statuses import Status
+from .. import db, registry, sql
+from ..conf import get_settings
+from ..queues import COUNT_CAP, configured_queues, queue_depth
+from ..statuses import Status
 
-COUNT_CAP = 10_000
 CHART_MINUTES = 60
 LONGEST_RUNNING = 10  # rows of the "longest running" table (one per claimant and queue)
 ESTIMATED = ("awaiting_signal", "awaiting_children", "done", "failed")
-
-
-def configured_queues() -> list[str]:
-    """Queues named by settings QUEUES or by a registered machine (no database read)."""
-    names = set(get_settings().QUEUES)
-    names.update(cls.queue for cls in registry.all_machines().values() if getattr(cls, "queue", None))
-    return sorted(names)
-
-
-def queue_depth(queues, using=None) -> dict:
-    """queue -> (runnable ≤ COUNT_CAP, due ≤ COUNT_CAP, oldest due eligible_at | None, now)."""
-    if not queues:
-        return {}
-    rows = db.fetchall(sql.OVERVIEW_QUEUE_DEPTH, {"queues": list(queues), "cap": COUNT_CAP}, using)
-    return {r[0]: r[1:] for r in rows}
 
 
 def _estimates(using):
@@ -181,7 +166,7 @@ def _age(seconds):
 def schedules_section(using=None) -> dict:
     """Cron schedules with their next and last run (gen_durable.schedules.overview):
     no statement when none is configured, else two primary-key reads."""
-    from .schedules import overview
+    from ..schedules import overview
 
     return {"template": "admin/gen_durable/overview/schedules.html", "title": "Schedules",
             "schedules": overview(using)}

@@ -1,18 +1,6 @@
-"""The Django admin of gen_durable: instances, inboxes, limiter tables, queue overview.
-
-Installing the app registers everything; nothing to write in a project's admin.py.
-Built for tables of millions of rows (docs/admin.md):
-
-- changelists never count the whole table (`EstimatedCountPaginator`, its estimate
-  labelled "≈"; `show_full_result_count = False`; Django's facets off), sort only by the primary key, filter on choices
-  taken from the settings and the machine registry (never `SELECT DISTINCT`), and search
-  by exact id or exact correlation key, live or not (index lookups, never `icontains`);
-- the detail page shows the newest INLINE_LIMIT inbox rows and children, with a count
-  of the rest and a link to them;
-- actions (cancel, retry now, deliver a signal) go through the public calls, need the
-  change permission and a confirmation page; view-only staff see everything and
-  change nothing.
-"""
+"""The ModelAdmins registered on Django's admin site: instances, inboxes, limiter tables,
+the queue overview's page; the package's docstring (gen_durable/admin/__init__.py) says
+what they promise at scale."""
 
 from __future__ import annotations
 
@@ -30,15 +18,16 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 
-from . import calls, overview, registry
-from .admin_paging import EstimatedCountPaginator
-from .conf import database_alias, get_settings
-from .exceptions import DuplicateInstance, GenDurableError, NoTarget, NotRetryable
-from .limiter.base import EPSILON
-from .limiter.config import get_limits
-from .models import Bucket, BucketConfig, Instance, QueueOverview, Signal
-from .outcomes import MAX_NAME_LENGTH, MAX_REASON_LENGTH
-from .statuses import Status
+from .. import calls, queues, registry
+from ..conf import database_alias, get_settings
+from ..exceptions import DuplicateInstance, GenDurableError, NoTarget, NotRetryable
+from ..limiter.base import EPSILON
+from ..limiter.config import get_limits
+from ..models import Bucket, BucketConfig, Instance, QueueOverview, Signal
+from ..outcomes import MAX_NAME_LENGTH, MAX_REASON_LENGTH
+from ..statuses import Status
+from . import overview
+from .paging import EstimatedCountPaginator
 
 INLINE_LIMIT = 20  # newest inbox rows / children shown on the detail page
 MAX_ACTION_ROWS = 1000  # one action confirms and applies at most this many instances
@@ -155,7 +144,7 @@ class QueueFilter(admin.SimpleListFilter):
     parameter_name = "queue"
 
     def lookups(self, request, model_admin):
-        return [(q, q) for q in overview.configured_queues()]
+        return [(q, q) for q in queues.configured_queues()]
 
     def queryset(self, request, queryset):
         return queryset.filter(queue=self.value()) if self.value() else queryset
@@ -278,7 +267,7 @@ class InstanceAdmin(admin.ModelAdmin):
         term = search_term.strip()
         if not term:
             return queryset, False
-        from . import db
+        from .. import db
 
         # Every row with this key, live or finished (gen_durable_correlation_key), newest
         # SEARCH_LIMIT. Resolved first, so the list's query is a primary-key lookup: an OR
