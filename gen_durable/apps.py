@@ -18,9 +18,12 @@ class GenDurableConfig(AppConfig):
             # task row's function through the registry, which these imports fill.
             _import_tasks()
 
-        from .integrations.otel import install_from_settings
+        from .conf import get_settings
 
-        install_from_settings()  # OpenTelemetry, when settings OPENTELEMETRY asks for it
+        if get_settings().OPENTELEMETRY:  # off by default: the integration is not even imported
+            from .integrations.otel import install_from_settings
+
+            install_from_settings()
 
 
 def _import_tasks():
