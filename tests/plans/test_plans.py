@@ -213,6 +213,16 @@ def test_overview_statements_never_scan_the_table(scale):
         p = plan(statement, params)
         assert not seq_scans_of_instances(p), statement.splitlines()[0]
         assert indexes <= index_scans(p), (statement.splitlines()[0], index_scans(p))
+    # done / failed per queue: two capped backward scans of the partial indexes, never
+    # the table (no ANALYZE needed); the awaiting sample reads the pages it asks for
+    finished = plan(sql.OVERVIEW_FINISHED, {"cap": COUNT_CAP})
+    assert not seq_scans_of_instances(finished)
+    assert {"gen_durable_gc", "gen_durable_failed"} <= index_scans(finished)
+    limits = [n for n in nodes(finished) if n["Node Type"] == "Limit"]
+    assert len(limits) == 2 and all(n["Plan Rows"] <= COUNT_CAP + 1 for n in limits)
+    sampled = plan(sql.OVERVIEW_SAMPLED, {"percent": 100.0 * 1000 / 35_000})
+    assert not seq_scans_of_instances(sampled)
+    assert [n["Node Type"] for n in nodes(sampled) if n.get("Relation Name") == "gen_durable"] == ["Sample Scan"]
     # the chart counts from the index alone (status is implied by its predicate)
     chart = plan(sql.OVERVIEW_COMPLETIONS, {"minutes": 60})
     assert [n["Index Name"] for n in nodes(chart) if n["Node Type"] == "Index Only Scan"] == [
