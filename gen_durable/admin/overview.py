@@ -65,8 +65,21 @@ def finished_counts(using=None) -> dict:
     failed rows (sql/overview_finished.sql, two capped index scans): {"done": {queue: n},
     "failed": {queue: n}, "done_more": bool, "failed_more": bool} — *_more: more rows
     exist than were counted, so each n is a lower bound."""
+    from django.db import transaction
+
     out = {"done": {}, "failed": {}, "done_more": False, "failed_more": False}
-    for kind, queue, status, n, sampled in db.fetchall(sql.OVERVIEW_FINISHED, {"cap": COUNT_CAP}, using):
+    alias = db.connection(using).alias
+    # The capped index scans must not depend on the statistics (tests/plans): sorts off
+    # for this one statement, in a savepoint rolled back after it, so the setting never
+    # reaches the rest of the request's transaction.
+    with transaction.atomic(using=alias):
+        point = transaction.savepoint(using=alias)
+        try:
+            db.fetchone(sql.NO_SORT, None, using)
+            rows = db.fetchall(sql.OVERVIEW_FINISHED, {"cap": COUNT_CAP}, using)
+        finally:
+            transaction.savepoint_rollback(point, using=alias)
+    for kind, queue, status, n, sampled in rows:
         if kind == "finished":
             out["done_more"] = sampled > COUNT_CAP
             if status == "done":

@@ -562,8 +562,13 @@ class InstanceAdmin(admin.ModelAdmin):
             return TemplateResponse(request, "admin/gen_durable/instance/action_all.html", context)
         statuses = bulk._defaults(action, bulk._filter(filt.get("status"), None, None, ALL_BATCH))["statuses"]
         form = spec["form"](request.POST if request.method == "POST" else None)
+        form.fields["reason"].widget.attrs["size"] = 60
+        if action != "cancel":
+            form.fields["reason"].help_text = ("Optional: why — kept with who, when, the filter and the counts in one "
+                                               "admin log entry per run (the admin's recent actions).")
         context.update(form=form, bulk_filter=filt, filter_text=filter_text(filt) or "no filter: every instance",
-                       statuses=statuses, per_request=ALL_BATCH * ALL_BATCHES_PER_REQUEST)
+                       statuses=statuses, per_request=f"{ALL_BATCH * ALL_BATCHES_PER_REQUEST:,}",
+                       batch=f"{ALL_BATCH:,}")
         if request.method == "POST" and form.is_valid():
             after, top = _int_or_none(request.POST.get("after")), _int_or_none(request.POST.get("top"))
             data = form.cleaned_data
@@ -577,7 +582,8 @@ class InstanceAdmin(admin.ModelAdmin):
             else:
                 first = (after + 1) if after is not None else None
                 audit_all_matching(request, action, filt, data, result, first)
-                context.update(result=result, command=bulk_command(action, filt, data, using))
+                context.update(result=result, command=bulk_command(action, filt, data, using),
+                               done=f"{result.done:,}", skipped=f"{result.skipped:,}", scanned=f"{result.scanned:,}")
                 return TemplateResponse(request, "admin/gen_durable/instance/action_all.html", context)
         qs = Instance.objects.using(using).filter(status__in=statuses)
         if filt.get("queue"):
@@ -586,7 +592,7 @@ class InstanceAdmin(admin.ModelAdmin):
             qs = qs.filter(fsm=filt["machine"])
         counter = EstimatedCountPaginator(qs.order_by("-id"), 1)
         n = counter.count
-        context.update(count=n, count_estimated=counter.estimated, cap=CAP,
+        context.update(count=f"{n:,}", count_estimated=counter.estimated, cap=f"{CAP:,}",
                        command=bulk_command(action, filt, form.data if form.is_bound else {}, using))
         return TemplateResponse(request, "admin/gen_durable/instance/action_all.html", context)
 

@@ -229,3 +229,39 @@ class AdminInBrowser(StaticLiveServerTestCase):
         history = self.wait_for("#change-history").text
         assert "Cancelled (admin action); reason: customer withdrew by phone" in history and "operator2" in history
         self.shot("15-history")
+
+    def test_retry_all_matching_a_filter(self):
+        """Django's "Select all N" on a filtered list: the "all matching" page shows the
+        filter, a bounded count and the shell command, then retries every matching row
+        in bounded batches and logs the run."""
+        from django.contrib.admin.models import LogEntry
+
+        from tests.factories import InstanceFactory
+
+        User.objects.create_superuser("operator3", "op3@example.com", "s3cret-pass")
+        Instance.objects.bulk_create(InstanceFactory.build_batch(
+            70, queue=QUEUE, status="failed", fsm="shop.SendReceipt", step="send", last_error="SMTPError: 421 busy"))
+        Instance.objects.bulk_create(InstanceFactory.build_batch(5, queue=QUEUE, status="done"))
+        b = self.browser
+        self.client.force_login(User.objects.get(username="operator3"))
+        cookie = self.client.cookies["sessionid"]
+        self.visit("/admin/")
+        b.add_cookie({"name": "sessionid", "value": cookie.value, "path": "/"})
+
+        self.visit(f"/admin/gen_durable/instance/?status=failed&queue={QUEUE}")
+        self.wait_for("#action-toggle").click()
+        self.wait_for("#changelist-form .actions .question a").click()  # "Select all 70 instances"
+        Select(b.find_element(By.NAME, "action")).select_by_value("retry_selected")
+        b.find_element(By.CSS_SELECTOR, "#changelist-form .actions button[name=index]").click()
+        assert self.wait_for("#gd-all-count").text == "70"
+        assert f"status = failed, queue = {QUEUE}" in b.find_element(By.ID, "gd-all-filter").text
+        assert "durable_bulk retry --status failed --queue browser_q" in b.find_element(By.ID, "gd-all-command").text
+        b.find_element(By.ID, "id_reason").send_keys("SMTP relay back after the outage")
+        self.shot("16-retry-all-matching-confirm")
+        b.find_element(By.ID, "gd-confirm").click()
+        assert self.wait_for("#gd-all-result").text.startswith("70 done, 0 skipped of 70 matched")
+        assert b.find_elements(By.ID, "gd-all-finished")
+        self.shot("17-retry-all-matching-done")
+        assert Instance.objects.filter(queue=QUEUE, status="runnable", fsm="shop.SendReceipt").count() == 70
+        entry = LogEntry.objects.get(user__username="operator3")
+        assert entry.change_message.startswith("Retried now (admin action, all matching); reason: SMTP relay back")

@@ -60,9 +60,9 @@ def test_retry_all_matching_more_than_max_action_rows_and_continue(admin_client,
     other = _rows(3, queue=queue_name + "x", status="failed")  # another queue
     url = _all("retry", status="failed", queue=queue_name)
     confirm = admin_client.get(url).content.decode()
-    assert f'id="gd-all-count">{N}<' in confirm  # exact below the paginator's CAP
+    assert f'id="gd-all-count">{N:,}<' in confirm  # exact below the paginator's CAP
     first = admin_client.post(url, {"reason": "smtp back"}).content.decode()
-    assert "1000 done, 0 skipped of 1000 matched" in first and 'id="gd-continue"' in first
+    assert "1,000 done, 0 skipped of 1,000 matched" in first and 'id="gd-continue"' in first
     assert Instance.objects.filter(queue=queue_name, status="runnable").count() == 1000
     after = first.split('name="after" value="')[1].split('"')[0]
     top = first.split('name="top" value="')[1].split('"')[0]
@@ -88,7 +88,7 @@ def test_cancel_all_matching_needs_a_reason_and_stores_it(admin_client, queue_na
     assert "This field is required" in admin_client.post(url, {"reason": ""}).content.decode()
     assert Instance.objects.filter(queue=queue_name, status="runnable").count() == N
     page = admin_client.post(url, {"reason": "bad deploy"}).content.decode()
-    assert f"{N} done, 0 skipped of {N} matched" in page and 'id="gd-all-finished"' in page
+    assert f"{N:,} done, 0 skipped of {N:,} matched" in page and 'id="gd-all-finished"' in page
     assert Instance.objects.filter(queue=queue_name, status="failed", last_error="bad deploy").count() == N
     assert Instance.objects.filter(queue=queue_name, status="done").count() == 4
     (entry,) = _summaries()
@@ -104,7 +104,7 @@ def test_move_all_matching_validates_the_target_queue(admin_client, queue_name):
     assert "queue &#x27;emial&#x27; is not declared" in typo and "did you mean" in typo
     assert _summaries() == []
     page = admin_client.post(url, {"to_queue": queue_name + "_slow", "reason": "overloaded"}).content.decode()
-    assert f"{N} done" in page
+    assert f"{N:,} done" in page
     assert Instance.objects.filter(queue=queue_name + "_slow").count() == N
     assert Instance.objects.filter(id__in=[e.id for e in executing], queue=queue_name).count() == 2
     (entry,) = _summaries()
@@ -175,7 +175,7 @@ def test_the_bounded_count_past_the_cap(admin_client, queue_name, monkeypatch):
     _rows(3, queue=queue_name, status="failed")
     monkeypatch.setattr(paging, "planner_rows", lambda qs: 200_000)
     page = admin_client.get(_all("retry", queue=queue_name, status="failed")).content.decode()
-    assert "more than 10000 (the planner estimates ≈ 200000)" in page
+    assert "more than 10,000 (the planner estimates ≈ 200,000)" in page
 
 
 def test_move_selected_rows(admin_client, queue_name):

@@ -62,3 +62,15 @@ def test_a_large_table_with_stale_statistics_is_sampled_and_says_so(admin_client
     assert "estimated from a sample of 1000 of the table&#x27;s 35000 pages read now" in body or \
         "estimated from a sample of 1000 of the table's 35000 pages read now" in body
     assert "the table has not been analysed yet" in body
+
+
+def test_the_sorts_off_setting_stays_inside_its_savepoint(admin_client):
+    """The overview turns sorts off for its capped counts only: the request's (here the
+    test's) transaction has them on again afterwards."""
+    from django.db import connection
+
+    assert connection.in_atomic_block  # the test's transaction, as ATOMIC_REQUESTS would be
+    admin_client.get(URL)
+    with connection.cursor() as cur:
+        cur.execute("SHOW enable_sort")
+        assert cur.fetchone()[0] == "on"
