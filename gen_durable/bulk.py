@@ -36,7 +36,8 @@ class BulkResult:
     reasons: list = field(default_factory=list)
     # Where a walk bounded by `max_batches` stopped (internal: the admin's "all matching"
     # actions continue from here): the last id looked at, the walk's top id, and whether
-    # it reached the top.
+    # it reached the top; `start` the first id it looked at.
+    start: int = 0
     after: int = 0
     top: int = 0
     finished: bool = True
@@ -71,7 +72,7 @@ def _batches(params, using, result, progress, after=None, top=None, max_batches=
         if top is None:
             return
         after = low - 1
-    result.after, result.top, result.finished = after, top, False
+    result.start, result.after, result.top, result.finished = after + 1, after, top, False
     reads = 0
     while after < top:
         if max_batches is not None and (result.batches >= max_batches or reads >= max_batches * 5):

@@ -14,9 +14,11 @@ Built for tables of millions of rows (docs/admin.md):
   by exact id or exact correlation key, live or not (index lookups, never `icontains`);
 - the detail page shows the newest INLINE_LIMIT inbox rows and children, with a count
   of the rest and a link to them;
-- actions (cancel, retry now, deliver a signal) go through the public calls, need the
-  change permission and a confirmation page; view-only staff see everything and
-  change nothing.
+- actions (cancel, retry now, move to a queue, deliver a signal) go through the public
+  calls, need the change permission and a confirmation page; on "Select all N" cancel,
+  retry and move act on every instance the filter matches, in bounded batches of
+  `gen_durable.bulk` (a filter it cannot express is refused); view-only staff see
+  everything and change nothing.
 """
 
 from .site import InstanceAdmin, QueueOverviewAdmin, SignalAdmin  # importing site registers them

@@ -178,7 +178,8 @@ def queues_section(using=None) -> dict:
         "rows": rows, "estimated_statuses": [Status(s).label for s in ESTIMATED],
         "analyzed": stats["analyzed"], "stale": stats["analyzed"] is not None and not stats["fresh"],
         "modified": stats["modified"], "cap": COUNT_CAP, "finished": finished, "awaiting": awaiting,
-        "sample_pages": SAMPLE_PAGES, "pages": stats["pages"],
+        "sample_pages": f"{SAMPLE_PAGES:,}", "pages": f"{stats['pages']:,}", "cap_text": f"{COUNT_CAP:,}",
+        "modified_text": f"{stats['modified']:,}",
         "unserved": [r for r in rows if r["unserved"]],
     }
 

@@ -479,8 +479,8 @@ class InstanceAdmin(admin.ModelAdmin):
             return HttpResponseRedirect(url + "?" + query.urlencode())
         ids = list(queryset.order_by("-id").values_list("id", flat=True)[: MAX_ACTION_ROWS + 1])
         if len(ids) > MAX_ACTION_ROWS:
-            self.message_user(request, f"Select at most {MAX_ACTION_ROWS} instances for one action "
-                                       "(narrow the list with a filter).", messages.ERROR)
+            self.message_user(request, f"Select at most {MAX_ACTION_ROWS} instances for one action, or "
+                                       "\"Select all\" to act on every instance the filter matches.", messages.ERROR)
             return None
         url = reverse("admin:gen_durable_instance_act", args=[action])
         return HttpResponseRedirect(with_database(url + "?" + urlencode({"ids": ",".join(map(str, ids)),
@@ -580,8 +580,7 @@ class InstanceAdmin(admin.ModelAdmin):
             except InvalidInput as exc:
                 form.add_error(None, str(exc))
             else:
-                first = (after + 1) if after is not None else None
-                audit_all_matching(request, action, filt, data, result, first)
+                audit_all_matching(request, action, filt, data, result)
                 context.update(result=result, command=bulk_command(action, filt, data, using),
                                done=f"{result.done:,}", skipped=f"{result.skipped:,}", scanned=f"{result.scanned:,}")
                 return TemplateResponse(request, "admin/gen_durable/instance/action_all.html", context)
@@ -725,7 +724,7 @@ def audit_instances(request, ids, message) -> None:
         for row in rows])
 
 
-def audit_all_matching(request, action, filt, data, result, first) -> None:
+def audit_all_matching(request, action, filt, data, result) -> None:
     """One LogEntry for one run of an "all matching" action: who, when, what (the
     filter, the id range walked, done/skipped counts) and why. It has no object id (it
     names many), so it shows in the admin's recent actions, not on an instance's History."""
@@ -734,8 +733,7 @@ def audit_all_matching(request, action, filt, data, result, first) -> None:
 
     what = audit_message(action, data).replace("(admin action)", "(admin action, all matching)", 1)
     scope = filter_text(filt) or "no filter"
-    ids = f"ids {first if first is not None else 'first'}..{result.after}" + ("" if result.finished else
-                                                                                 f" of ..{result.top}")
+    ids = f"ids {result.start}..{result.after}" + ("" if result.finished else f" of ..{result.top}")
     message = (f"{what}; filter: {scope}; {ids}; {result.done:,} done, {result.skipped:,} skipped of "
                f"{result.scanned:,} matched" + ("" if result.finished else "; not finished"))
     LogEntry.objects.create(

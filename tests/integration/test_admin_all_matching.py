@@ -77,6 +77,8 @@ def test_retry_all_matching_more_than_max_action_rows_and_continue(admin_client,
     assert logged[0].change_message.startswith("Retried now (admin action, all matching); reason: smtp back; "
                                                f"filter: status = failed, queue = {queue_name}; ids ")
     assert "1,000 done, 0 skipped of 1,000 matched; not finished" in logged[0].change_message
+    assert f"; ids {int(after) + 1}..{top};" in logged[1].change_message  # the continuation walked to the top
+    assert f"..{after} of ..{top};" in logged[0].change_message
     assert f"{N - 1000:,} done, 0 skipped of {N - 1000:,} matched" in logged[1].change_message
     assert logged[0].object_repr == f"all matching: status = failed, queue = {queue_name}"
 
