@@ -59,7 +59,7 @@ def test_a_large_table_with_stale_statistics_is_sampled_and_says_so(admin_client
         **real(using), "pages": 35_000, "fresh": False, "analyzed": None})
     body = admin_client.get(URL).content.decode()
     assert _cells(body, queue_name)["awaiting_signal"].startswith("≈ ")
-    assert "estimated from a sample of 1,000 of the table&#x27;s 35,000 pages read now" in body
+    assert "estimated from a sample of 1,000 of the table's 35,000 pages read now" in body
     assert "the table has not been analysed yet" in body
 
 
