@@ -113,8 +113,7 @@ def _each(action, params, using, progress, **walk) -> BulkResult:
 
 def _defaults(operation, params):
     if params["statuses"] is None:
-        skip = {"cancel": ("done", "failed"), "move": ("executing", "done"),
-                "retry": ("done", "executing", "awaiting_children")}.get(operation, ())
+        skip = {"cancel": ("done", "failed"), "move": ("executing", "done")}.get(operation, ())
         params["statuses"] = [s for s in Status.values if s not in skip]
     return params
 
@@ -186,15 +185,29 @@ def _move(target, params, using, progress, **walk) -> BulkResult:
 
 
 
+RETRYABLE = ("failed", "awaiting_signal", "runnable")  # what gd.retry acts on
+
+
+def window_statuses(operation: str, status=None) -> list:
+    """The statuses `run_window` acts on: `status` (one or a list) if given, else the
+    operation's defaults — live rows for cancel, every status but executing and done for
+    move, and for retry the statuses a retry can act on (RETRYABLE: a done row would only
+    be read to be skipped)."""
+    if status is not None:
+        return [status] if isinstance(status, str) else list(status)
+    if operation == "retry":
+        return list(RETRYABLE)
+    return _defaults(operation, {"statuses": None})["statuses"]
+
+
 def run_window(operation: str, *, status=None, queue=None, machine=None, reason=None, to_queue=None,
                batch: int = 1000, after=None, top=None, max_batches=None, using=None) -> BulkResult:
     """Internal (the admin's "all matching" actions): `operation` ("cancel", "retry",
     "move") on the filter, as the *_where call does, but resumable and bounded: ids
     after `after` up to `top` (None: the whole table as it is now), at most
     `max_batches` batches (None: to the end). The result's after/top/finished say
-    where it stopped; the next call passes them back. Retry with status None takes the
-    statuses a retry can act on (failed, awaiting_signal, runnable)."""
-    params = _defaults(operation, _filter(status, queue, machine, batch))
+    where it stopped; the next call passes them back. Statuses: `window_statuses`."""
+    params = _filter(window_statuses(operation, status), queue, machine, batch)
     walk = {"after": after, "top": top, "max_batches": max_batches}
     if operation == "cancel":
         reason = reason_text(reason, "cancel reason")

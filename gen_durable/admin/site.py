@@ -560,7 +560,7 @@ class InstanceAdmin(admin.ModelAdmin):
         if refused:
             context["refused"] = refused
             return TemplateResponse(request, "admin/gen_durable/instance/action_all.html", context)
-        statuses = bulk._defaults(action, bulk._filter(filt.get("status"), None, None, ALL_BATCH))["statuses"]
+        statuses = bulk.window_statuses(action, filt.get("status"))
         form = spec["form"](request.POST if request.method == "POST" else None)
         form.fields["reason"].widget.attrs["size"] = 60
         if action != "cancel":
@@ -681,7 +681,8 @@ def bulk_command(action: str, filt: dict, data, using: str) -> str:
         if filt.get(key):
             parts += [f"--{key}", filt[key]]
     if action == "retry" and not filt.get("status"):
-        parts += ["--status", "failed"]  # the command's default; say it
+        for status in bulk.RETRYABLE:  # what the admin retries; the command's default is failed only
+            parts += ["--status", status]
     if action == "cancel":
         parts += ["--reason", (data.get("reason") or "").strip() or "REASON"]
     if action == "move":

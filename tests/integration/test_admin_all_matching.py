@@ -191,3 +191,16 @@ def test_move_selected_rows(admin_client, queue_name):
     ct = ContentType.objects.get_for_model(Instance)
     assert LogEntry.objects.filter(content_type=ct, object_id=str(rows[0].id)).get().change_message == (
         f"Moved to queue '{queue_name}_b' (admin action); reason: rebalance")
+
+
+def test_retry_without_a_status_filter_takes_the_retryable_statuses(admin_client, queue_name):
+    _rows(2, queue=queue_name, status="failed")
+    _rows(3, queue=queue_name, status="done")  # never read to be skipped
+    _rows(1, queue=queue_name, status="awaiting_children")
+    url = _all("retry", queue=queue_name)
+    confirm = admin_client.get(url).content.decode()
+    assert "failed, awaiting_signal, runnable" in confirm and 'id="gd-all-count">2<' in confirm
+    assert (f"durable_bulk retry --queue {queue_name} --status failed --status awaiting_signal "
+            "--status runnable") in confirm
+    page = admin_client.post(url, {"reason": ""}).content.decode()
+    assert "2 done, 0 skipped of 2 matched" in page
