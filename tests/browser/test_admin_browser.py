@@ -20,6 +20,7 @@ from tests.durable_app.durable import Plain
 from tests.durable_app.signal_machines import FanOut, Recorder
 
 webdriver = pytest.importorskip("selenium.webdriver")
+from selenium.common.exceptions import WebDriverException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support import expected_conditions as EC  # noqa: E402
 from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
@@ -63,6 +64,22 @@ class AdminInBrowser(StaticLiveServerTestCase):
     def wait_for(self, css):
         return WebDriverWait(self.browser, 15).until(EC.presence_of_element_located((By.CSS_SELECTOR, css)))
 
+    def after(self, act, css):
+        """Do what loads a new page (a click, a submit), then wait for `css` on THAT page:
+        the old page must go first, or its own elements would answer the wait."""
+        old = self.browser.find_element(By.TAG_NAME, "html")
+        act()
+
+        def gone(_):
+            try:
+                old.tag_name  # noqa: B018 (asks the browser whether the node is still there)
+            except WebDriverException:  # stale, or chromedriver's "does not belong to the document"
+                return True
+            return False
+
+        WebDriverWait(self.browser, 15).until(gone)
+        return self.wait_for(css)
+
     def test_operator_journey(self):
         User.objects.create_superuser("operator", "op@example.com", "s3cret-pass")
         parked = gd.insert(Recorder, state={"names": ["go"]}, queue=QUEUE, correlation_key="order:42")
@@ -78,16 +95,14 @@ class AdminInBrowser(StaticLiveServerTestCase):
         self.wait_for("#id_username").send_keys("operator")
         b.find_element(By.ID, "id_password").send_keys("s3cret-pass")
         self.shot("01-login")
-        b.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
-        self.wait_for("#content")
+        self.after(b.find_element(By.CSS_SELECTOR, "input[type=submit]").click, "#content")
         assert "Queue overview" in b.page_source
         self.shot("02-index")
 
         # filter by status
         self.visit("/admin/gen_durable/instance/")
         self.wait_for("#changelist")
-        b.find_element(By.LINK_TEXT, "Awaiting Signal").click()
-        self.wait_for("#result_list")
+        self.after(b.find_element(By.LINK_TEXT, "Awaiting Signal").click, "#result_list")
         ids = [a.text for a in b.find_elements(By.CSS_SELECTOR, "#result_list th.field-id a")]
         assert str(parked) in ids and str(victim) not in ids
         self.shot("03-changelist-filtered")
@@ -96,15 +111,13 @@ class AdminInBrowser(StaticLiveServerTestCase):
         self.visit("/admin/gen_durable/instance/")
         box = self.wait_for("#searchbar")
         box.send_keys("order:42")
-        box.submit()
-        self.wait_for("#result_list")
+        self.after(box.submit, "#result_list")
         ids = [a.text for a in b.find_elements(By.CSS_SELECTOR, "#result_list th.field-id a")]
         assert ids == [str(parked)]
         self.shot("04-search")
 
         # detail pages: inbox, children
-        b.find_element(By.LINK_TEXT, str(parked)).click()
-        self.wait_for("#gd-inbox")
+        self.after(b.find_element(By.LINK_TEXT, str(parked)).click, "#gd-inbox")
         assert "waits in the inbox" in b.find_element(By.ID, "gd-inbox").text
         self.shot("05-detail-inbox", height=2300)
         self.visit(f"/admin/gen_durable/instance/{parent}/change/")
@@ -114,14 +127,12 @@ class AdminInBrowser(StaticLiveServerTestCase):
 
         # deliver a signal (per row, with a confirmation page)
         self.visit(f"/admin/gen_durable/instance/{parked}/change/")
-        self.wait_for("#gd-act-signal").click()
-        self.wait_for("#id_name").send_keys("go")
+        self.after(self.wait_for("#gd-act-signal").click, "#id_name").send_keys("go")
         payload = b.find_element(By.ID, "id_payload")
         payload.clear()
         payload.send_keys('{"amount": 12}')
         self.shot("07-signal-confirm")
-        b.find_element(By.ID, "gd-confirm").click()
-        self.wait_for("ul.messagelist")
+        self.after(b.find_element(By.ID, "gd-confirm").click, "ul.messagelist")
         assert "Delivered signal 'go' to 1 instance" in b.find_element(By.CSS_SELECTOR, "ul.messagelist").text
         self.shot("08-signal-done")
         assert Instance.objects.get(id=parked).status == "runnable"
@@ -132,13 +143,11 @@ class AdminInBrowser(StaticLiveServerTestCase):
         self.wait_for("#result_list")
         b.find_element(By.CSS_SELECTOR, f"input.action-select[value='{victim}']").click()
         Select(b.find_element(By.NAME, "action")).select_by_value("cancel_selected")
-        b.find_element(By.CSS_SELECTOR, "button[name=index], .actions button").click()
-        reason = self.wait_for("#id_reason")
+        reason = self.after(b.find_element(By.CSS_SELECTOR, "button[name=index], .actions button").click, "#id_reason")
         reason.clear()
         reason.send_keys("customer withdrew")
         self.shot("09-cancel-confirm")
-        b.find_element(By.ID, "gd-confirm").click()
-        self.wait_for("ul.messagelist")
+        self.after(b.find_element(By.ID, "gd-confirm").click, "ul.messagelist")
         assert "Cancelled: 1 instance" in b.find_element(By.CSS_SELECTOR, "ul.messagelist").text
         row = Instance.objects.get(id=victim)
         assert (row.status, row.last_error) == ("failed", "customer withdrew")
@@ -152,12 +161,10 @@ class AdminInBrowser(StaticLiveServerTestCase):
         self.wait_for("#gd-queues")
         assert b.find_element(By.ID, "gd-completions").tag_name == "svg"
         self.shot("10-overview")
-        b.find_element(By.CSS_SELECTOR, f"#gd-queue-{QUEUE} input.gd-pause").click()
-        self.wait_for("ul.messagelist")
+        self.after(b.find_element(By.CSS_SELECTOR, f"#gd-queue-{QUEUE} input.gd-pause").click, "ul.messagelist")
         assert QUEUE in gd.paused_queues()
         self.shot("11-overview-paused")
-        b.find_element(By.CSS_SELECTOR, f"#gd-queue-{QUEUE} input.gd-resume").click()
-        self.wait_for("ul.messagelist")
+        self.after(b.find_element(By.CSS_SELECTOR, f"#gd-queue-{QUEUE} input.gd-resume").click, "ul.messagelist")
         assert QUEUE not in gd.paused_queues()
 
     def test_failures_hung_steps_and_the_audit_trail(self):
@@ -202,10 +209,8 @@ class AdminInBrowser(StaticLiveServerTestCase):
         box = self.wait_for("#searchbar")
         box.clear()
         box.send_keys("mail:7")
-        box.submit()
-        self.wait_for("#result_list")
-        b.find_element(By.LINK_TEXT, str(failed)).click()
-        tb = self.wait_for("pre.gd-traceback").text
+        self.after(box.submit, "#result_list")
+        tb = self.after(b.find_element(By.LINK_TEXT, str(failed)).click, "pre.gd-traceback").text
         assert 'durable.py", line' in tb and "in _nested" in tb and tb.endswith("RuntimeError: smtp down")
         self.shot("13-detail-traceback", height=1600)
 
@@ -218,12 +223,10 @@ class AdminInBrowser(StaticLiveServerTestCase):
 
         # cancel with a reason, then the instance's History shows who, when and why
         self.visit(f"/admin/gen_durable/instance/{victim}/change/")
-        self.wait_for("#gd-act-cancel").click()
-        reason = self.wait_for("#id_reason")
+        reason = self.after(self.wait_for("#gd-act-cancel").click, "#id_reason")
         reason.clear()
         reason.send_keys("customer withdrew by phone")
-        b.find_element(By.ID, "gd-confirm").click()
-        self.wait_for("ul.messagelist")
+        self.after(b.find_element(By.ID, "gd-confirm").click, "ul.messagelist")
         assert LogEntry.objects.filter(object_id=str(victim), user__username="operator2").count() == 1
         self.visit(f"/admin/gen_durable/instance/{victim}/history/")
         history = self.wait_for("#change-history").text
@@ -250,17 +253,15 @@ class AdminInBrowser(StaticLiveServerTestCase):
         b.add_cookie({"name": "sessionid", "value": cookie.value, "path": "/"})
 
         self.visit(f"/admin/gen_durable/instance/?status=failed&queue={queue}")
-        self.wait_for("#action-toggle").click()
+        self.wait_for("#action-toggle").click()  # a checkbox: no page load
         self.wait_for("#changelist-form .actions .question a").click()  # "Select all 70 instances"
         Select(b.find_element(By.NAME, "action")).select_by_value("retry_selected")
-        b.find_element(By.CSS_SELECTOR, "#changelist-form .actions button[name=index]").click()
-        assert self.wait_for("#gd-all-count").text == "70"
+        assert self.after(b.find_element(By.CSS_SELECTOR, "#changelist-form .actions button[name=index]").click, "#gd-all-count").text == "70"
         assert f"status = failed, queue = {queue}" in b.find_element(By.ID, "gd-all-filter").text
         assert f"durable_bulk retry --status failed --queue {queue}" in b.find_element(By.ID, "gd-all-command").text
         b.find_element(By.ID, "id_reason").send_keys("SMTP relay back after the outage")
         self.shot("16-retry-all-matching-confirm")
-        b.find_element(By.ID, "gd-confirm").click()
-        assert self.wait_for("#gd-all-result").text.startswith("70 done, 0 skipped of 70 matched")
+        assert self.after(b.find_element(By.ID, "gd-confirm").click, "#gd-all-result").text.startswith("70 done, 0 skipped of 70 matched")
         assert b.find_elements(By.ID, "gd-all-finished")
         self.shot("17-retry-all-matching-done")
         assert Instance.objects.filter(queue=queue, status="runnable", fsm="shop.SendReceipt").count() == 70
