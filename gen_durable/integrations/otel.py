@@ -24,6 +24,8 @@ Metrics (instrument, unit, attributes):
     gen_durable.flush.duration     histogram   s
     gen_durable.queue.depth        gauge       {row}   queue   (runnable rows, counted up to 10,000)
     gen_durable.queue.lag          gauge       s       queue   (age of the oldest due row)
+The duration histograms advise seconds buckets (STEP_SECONDS, STATEMENT_SECONDS) to the SDK.
+`rundurable --metrics-port` serves these metrics for Prometheus (integrations/prometheus.py).
 The two gauges are observed, when the SDK collects, for the queues whose schedulers run
 in this process (so web processes never query), with one bounded statement.
 """
