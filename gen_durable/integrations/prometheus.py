@@ -191,11 +191,23 @@ class DurableCollector:
         yield workers
 
 
+def served_aliases(using: str | None = None) -> list[str]:
+    """The aliases `?database=` may name: GEN_DURABLE['DATABASE'], every alias
+    GEN_DURABLE['DATABASES'] routes to, and the view's own `using`."""
+    found = [database_alias(), database_alias(using)]
+    routes = get_settings().DATABASES if isinstance(get_settings().DATABASES, dict) else {}
+    for section in ("MACHINES", "QUEUES"):
+        value = routes.get(section)
+        found += [a for a in (value.values() if isinstance(value, dict) else ()) if isinstance(a, str)]
+    return list(dict.fromkeys(found))
+
+
 def metrics_view(request, using: str | None = None):
     """Django view: the database metrics in Prometheus' text format (OpenMetrics when the
     scraper asks for it). `?database=ALIAS` picks another alias of DATABASES (default:
-    `using`, from urls.py's kwargs, else GEN_DURABLE['DATABASE']); an unknown alias is a
-    404, any other query parameter a 400. GET and HEAD only."""
+    `using`, from urls.py's kwargs, else GEN_DURABLE['DATABASE']); an alias that is not
+    one of gen_durable's (`served_aliases`) is a 404, any other query parameter a 400.
+    GET and HEAD only."""
     from django.db import connections
     from django.http import Http404, HttpResponse, HttpResponseBadRequest, HttpResponseNotAllowed
 
@@ -206,8 +218,9 @@ def metrics_view(request, using: str | None = None):
         return HttpResponseBadRequest(f"unknown query parameter(s) {', '.join(unknown)}; only ?database=ALIAS\n",
                                       content_type="text/plain")
     alias = request.GET.get("database") or database_alias(using)
-    if alias not in connections.settings:
-        raise Http404(f"no database alias {alias!r}")
+    if alias not in connections.settings or alias not in served_aliases(using):
+        # Only gen_durable's databases: an open scrape URL must not reach any other alias.
+        raise Http404(f"no gen_durable database {alias!r}")
     registry = CollectorRegistry(auto_describe=False)
     registry.register(DurableCollector(alias))
     encoder, content_type = choose_encoder(request.META.get("HTTP_ACCEPT"))

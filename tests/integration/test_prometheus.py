@@ -23,7 +23,7 @@ from gen_durable.testing import drain
 from tests.conftest import wait_until
 from tests.durable_app.durable import AlwaysRaises, Plain
 from tests.factories import ExecutingFactory, InstanceFactory, TerminalFactory, WorkerFactory
-from tests.integration.test_rundurable import MANAGE, ROOT, child_env
+from tests.integration.test_rundurable import MANAGE, ROOT, child_env, keep_signal_handlers  # noqa: F401
 
 
 def free_port(n=1) -> int:
@@ -63,6 +63,17 @@ def value(samples, name, **labels):
     found = [v for ls, v in samples.get(name, []) if all(ls.get(k) == w for k, w in labels.items())]
     assert len(found) == 1, (name, labels, samples.get(name))
     return found[0]
+
+
+class ScrapesItsWorker(gd.Machine):
+    """Scrapes the endpoint of the worker running it (a step runs while the worker serves)."""
+
+    name = "tests.prometheus.ScrapesItsWorker"
+
+    @gd.step
+    def start(self, ctx):
+        with urllib.request.urlopen(ctx.state["url"], timeout=10) as resp:
+            return gd.Done({"status": resp.status, "text": resp.read().decode()})
 
 
 # --- the worker endpoint -------------------------------------------------------------
@@ -128,6 +139,25 @@ def test_closing_the_worker_endpoint_frees_its_port_and_detaches_its_handler():
     socket.create_server(("127.0.0.1", port)).close()  # free again
     again = prometheus.serve_worker_metrics(port)  # and a second endpoint may take it
     again.close()
+
+
+def test_rundurable_serves_while_it_runs_and_frees_the_port_when_it_exits(committed, keep_signal_handlers,
+                                                                           queue_name, caplog):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/metrics"
+    ids = [gd.insert(Plain, queue=queue_name) for _ in range(3)]
+    scraper = gd.insert(ScrapesItsWorker, queue=queue_name, state={"url": url}, priority=10)  # after the others
+    with caplog.at_level("INFO", "gen_durable"):
+        call_command("rundurable", "--burst", "--queue", f"{queue_name}=1", "--no-gc", "--metrics-port", str(port),
+                     verbosity=1)
+    assert f"serving Prometheus metrics at {url}" in caplog.text
+    assert set(Instance.objects.filter(id__in=ids).values_list("status", flat=True)) == {"done"}
+    result = Instance.objects.get(id=scraper).result
+    assert result["status"] == 200
+    samples = parse(result["text"])
+    assert value(samples, "gen_durable_steps_total", machine="tests.Plain", outcome="done") == 3
+    assert value(samples, "gen_durable_queue_depth", queue=queue_name) == 0  # only the scraper, executing
+    socket.create_server(("127.0.0.1", port)).close()  # closed with the worker
 
 
 def test_two_worker_processes_each_serve_their_own_port(committed, queue_name):
@@ -299,7 +329,10 @@ def test_runnable_counts_stop_at_the_cap(client, queue_name):
 
 
 @pytest.mark.django_db(databases=["default", "other"])
-def test_the_view_reads_another_database_by_query_or_urls_kwargs(client, queue_name):
+def test_the_view_reads_another_database_by_query_or_urls_kwargs(client, queue_name, settings):
+    # ?database= names only gen_durable's databases: a routed one here
+    assert client.get("/metrics/?database=other").status_code == 404
+    settings.GEN_DURABLE = {**settings.GEN_DURABLE, "DATABASES": {"QUEUES": {queue_name: "other"}}}
     InstanceFactory._meta.database = "other"
     try:
         InstanceFactory.create_batch(2, queue=queue_name)
