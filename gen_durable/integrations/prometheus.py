@@ -23,7 +23,7 @@ Needs the `prometheus` extra: `pip install "gen-durable[prometheus]"`.
 
 from __future__ import annotations
 
-import logging
+import threading
 from dataclasses import dataclass
 
 try:
@@ -38,11 +38,9 @@ from .. import db, sql, telemetry
 from ..conf import database_alias, get_settings
 from ..queues import COUNT_CAP, configured_queues, queue_depth
 
-logger = logging.getLogger("gen_durable.prometheus")
-
 EXTRA_HINT = 'pip install "gen-durable[prometheus]"'
 DEFAULT_ADDRESS = "127.0.0.1"
-# Completion windows of the database metrics: label value -> seconds (metrics_completions.sql).
+# The `window` label values of the completion gauges, in metrics_completions.sql's column order.
 WINDOWS = ("1m", "1h")
 
 
@@ -77,10 +75,20 @@ class WorkerMetrics:
         return f"http://{host}:{self.port}/metrics"
 
     def close(self) -> None:
+        global _serving
         telemetry.detach(self.handler)
         self.server.shutdown()
         self.server.server_close()
         self.provider.shutdown()  # unregisters the exporter's collector from the registry
+        with _serving_lock:
+            if _serving is self:
+                _serving = None
+
+
+# The endpoint of this process: the exporter's collector lives in prometheus_client's
+# default registry, so a second one would serve every gen_durable series twice.
+_serving: WorkerMetrics | None = None
+_serving_lock = threading.Lock()
 
 
 def serve_worker_metrics(port: int, address: str = DEFAULT_ADDRESS, *, using: str | None = None) -> WorkerMetrics:
@@ -89,10 +97,12 @@ def serve_worker_metrics(port: int, address: str = DEFAULT_ADDRESS, *, using: st
     Attaches a metrics-only gen_durable.otel handler whose MeterProvider reads through
     OpenTelemetry's PrometheusMetricReader, and starts prometheus_client's HTTP server
     (a daemon thread). `using`: the database alias of the queue gauges.
-    Raises ImportError (the extra is missing), ValueError (a port outside 1–65535) or
-    OSError (the address cannot be bound: the port is in use, the address is not this
+    One per process. Raises ImportError (the extra is missing), ValueError (a port
+    outside 1–65535), RuntimeError (this process already serves one: close() it first)
+    or OSError (the address cannot be bound: the port is in use, the address is not this
     host's), each naming the address and port.
     """
+    global _serving
     if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
         raise ValueError(f"metrics port must be an int in 1-65535, got {port!r}")
     if not isinstance(address, str) or not address:
@@ -106,17 +116,19 @@ def serve_worker_metrics(port: int, address: str = DEFAULT_ADDRESS, *, using: st
 
     from .otel import OtelHandler
 
-    reader = PrometheusMetricReader()
-    provider = MeterProvider(metric_readers=[reader])
-    try:
-        server, thread = start_http_server(port, addr=address)
-    except OSError as exc:
-        provider.shutdown()
-        reason = exc.strerror or str(exc)
-        raise OSError(exc.errno, f"cannot serve Prometheus metrics on {address}:{port}: {reason}") from exc
-    handler = OtelHandler(meter_provider=provider, traces=False, metrics=True, using=using)
-    telemetry.attach("", handler)
-    return WorkerMetrics(address, port, server, thread, provider, handler)
+    with _serving_lock:
+        if _serving is not None:
+            raise RuntimeError(f"this process already serves its metrics at {_serving.url}: close() it first")
+        try:
+            server, thread = start_http_server(port, addr=address)
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            raise OSError(exc.errno, f"cannot serve Prometheus metrics on {address}:{port}: {reason}") from exc
+        provider = MeterProvider(metric_readers=[PrometheusMetricReader()])
+        handler = OtelHandler(meter_provider=provider, traces=False, metrics=True, using=using)
+        telemetry.attach("", handler)
+        _serving = WorkerMetrics(address, port, server, thread, provider, handler)
+        return _serving
 
 
 # --- 2. database metrics -------------------------------------------------------------

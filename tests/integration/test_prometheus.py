@@ -134,6 +134,8 @@ def test_closing_the_worker_endpoint_frees_its_port_and_detaches_its_handler():
     served = prometheus.serve_worker_metrics(port)
     assert served.url == f"http://127.0.0.1:{port}/metrics"
     assert scrape(served.url)
+    with pytest.raises(RuntimeError, match=rf"already serves its metrics at http://127\.0\.0\.1:{port}/metrics"):
+        prometheus.serve_worker_metrics(free_port())  # one per process: it would serve every series twice
     served.close()
     assert all(h is not served.handler for _, h in telemetry._handlers)
     socket.create_server(("127.0.0.1", port)).close()  # free again

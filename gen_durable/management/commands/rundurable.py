@@ -265,7 +265,7 @@ class Command(BaseCommand):
 
         try:
             served = serve_worker_metrics(port, address or DEFAULT_ADDRESS, using=using)
-        except (ImportError, OSError, ValueError) as exc:
+        except (ImportError, OSError, RuntimeError, ValueError) as exc:
             raise CommandError(f"--metrics-port: {exc}") from None
         logging.getLogger("gen_durable.worker").info(
             "serving Prometheus metrics at %s%s", served.url, "" if child is None else f" (child {child})")
