@@ -105,6 +105,29 @@ def test_the_worker_endpoint_serves_step_counts_and_duration_histograms_after_a_
     assert "process_cpu_seconds_total" in samples  # prometheus_client's default registry rides along
 
 
+@pytest.mark.django_db
+def test_the_worker_endpoint_works_beside_an_installed_opentelemetry_handler(worker_metrics, queue_name):
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from gen_durable import otel
+
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    otel.install(meter_provider=provider, traces=False)  # as OPENTELEMETRY does, with the app's providers
+    try:
+        gd.insert(Plain, queue=queue_name)
+        drain(queue=queue_name)
+        own = [p.value for rm in reader.get_metrics_data().resource_metrics for sm in rm.scope_metrics
+               for m in sm.metrics if m.name == "gen_durable.steps" for p in m.data.data_points
+               if p.attributes["machine"] == "tests.Plain"]
+    finally:
+        otel.uninstall()
+        provider.shutdown()
+    assert own == [1]  # the application's provider still gets its points
+    assert value(scrape(worker_metrics.url), "gen_durable_steps_total", machine="tests.Plain", outcome="done") == 1
+
+
 def test_the_worker_endpoint_serves_pick_histograms_and_queue_gauges_of_a_running_worker(
         worker_metrics, engine, committed, queue_name):
     engine({queue_name: 2})
@@ -153,6 +176,7 @@ def test_rundurable_serves_while_it_runs_and_frees_the_port_when_it_exits(commit
         call_command("rundurable", "--burst", "--queue", f"{queue_name}=1", "--no-gc", "--metrics-port", str(port),
                      verbosity=1)
     assert f"serving Prometheus metrics at {url}" in caplog.text
+    assert "+ 1 metrics scrape)" in caplog.text  # the gauges' connection is in the budget
     assert set(Instance.objects.filter(id__in=ids).values_list("status", flat=True)) == {"done"}
     result = Instance.objects.get(id=scraper).result
     assert result["status"] == 200

@@ -203,7 +203,8 @@ class Command(BaseCommand):
         if queue and child is None:
             self._check_queues([name for name, _ in queue], burst, aliases)
         if child is None:
-            self._check_connection_budget(queues, processes, aliases, reaper=not no_reaper, gc=not no_gc)
+            self._check_connection_budget(queues, processes, aliases, reaper=not no_reaper, gc=not no_gc,
+                                          gauges=metrics_port is not None or self._otel_gauges())
         if processes > 1 and child is None:
             if metrics_port is not None:
                 log = logging.getLogger("gen_durable.worker")
@@ -330,7 +331,16 @@ class Command(BaseCommand):
             raise CommandError(message + "; refusing --burst, which would exit 0 with nothing done")
         self.stderr.write(f"Warning: {message}")
 
-    def _check_connection_budget(self, queues, processes, aliases=(None,), *, reaper, gc):
+    @staticmethod
+    def _otel_gauges() -> bool:
+        """Whether OPENTELEMETRY's handler observes the queue gauges in this process."""
+        import sys
+
+        otel = sys.modules.get("gen_durable.integrations.otel")  # imported only when it is on
+        handler = getattr(otel, "_installed", None)
+        return bool(handler is not None and handler.metrics)
+
+    def _check_connection_budget(self, queues, processes, aliases=(None,), *, reaper, gc, gauges=False):
         """Log the host's connection need; refuse one a server's max_connections cannot hold.
 
         Counted per server (HOST, PORT): aliases on one server share its max_connections,
@@ -346,7 +356,7 @@ class Command(BaseCommand):
             servers.setdefault((where.get("HOST") or "", str(where.get("PORT") or "")), []).append(alias)
         log = logging.getLogger("gen_durable.worker")
         for on_server in servers.values():
-            need = connection_need(queues, processes=processes, reaper=reaper, gc=gc)
+            need = connection_need(queues, processes=processes, reaper=reaper, gc=gc, gauges=gauges)
             if len(on_server) > 1:  # each alias runs the whole set of roles on its own connections
                 need = dict(need, processes=need["processes"] * len(on_server),
                             maintenance=need["maintenance"] * len(on_server), total=need["total"] * len(on_server))
