@@ -334,8 +334,6 @@ class Command(BaseCommand):
     @staticmethod
     def _otel_gauges() -> bool:
         """Whether OPENTELEMETRY's handler observes the queue gauges in this process."""
-        import sys
-
         otel = sys.modules.get("gen_durable.integrations.otel")  # imported only when it is on
         handler = getattr(otel, "_installed", None)
         return bool(handler is not None and handler.metrics)
