@@ -49,3 +49,15 @@ class HandedBackFactory(InstanceFactory):
     unknown_since = factory.LazyFunction(lambda: __import__("django.utils.timezone", fromlist=["now"]).now())
     eligible_at = factory.LazyFunction(lambda: __import__("datetime").datetime(9999, 1, 1,
                                                                                tzinfo=__import__("datetime").timezone.utc))
+
+
+class WorkerFactory(DjangoModelFactory):
+    """A worker registry row (gen_durable_workers), as a running worker's heartbeat keeps it."""
+
+    class Meta:
+        model = __import__("gen_durable.models", fromlist=["Worker"]).Worker
+
+    id = factory.Sequence(lambda n: f"worker-token-{n}")
+    host = "host-a"
+    pid = factory.Sequence(lambda n: 1000 + n)
+    queues = factory.LazyFunction(lambda: ["default"])

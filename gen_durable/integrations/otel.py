@@ -24,6 +24,8 @@ Metrics (instrument, unit, attributes):
     gen_durable.flush.duration     histogram   s
     gen_durable.queue.depth        gauge       {row}   queue   (runnable rows, counted up to 10,000)
     gen_durable.queue.lag          gauge       s       queue   (age of the oldest due row)
+The duration histograms advise seconds buckets (STEP_SECONDS, STATEMENT_SECONDS) to the SDK.
+`rundurable --metrics-port` serves these metrics for Prometheus (integrations/prometheus.py).
 The two gauges are observed, when the SDK collects, for the queues whose schedulers run
 in this process (so web processes never query), with one bounded statement.
 """
@@ -40,6 +42,11 @@ logger = logging.getLogger("gen_durable.otel")
 
 SCOPE = "gen_durable"
 ERROR_KINDS = ("retry", "stop")
+# Bucket boundaries (seconds) advised for the duration histograms: the SDK's default ones
+# (0, 5, 10, 25 … 10,000) suit milliseconds and would put nearly every step in one bucket.
+STEP_SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+                1800.0, 3600.0)
+STATEMENT_SECONDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
 def available() -> bool:
@@ -80,15 +87,18 @@ class OtelHandler:
             self.steps = meter.create_counter("gen_durable.steps", unit="{step}",
                                               description="Steps run, by machine, step and outcome")
             self.step_duration = meter.create_histogram("gen_durable.step.duration", unit="s",
-                                                        description="Time a step's code ran")
+                                                        description="Time a step's code ran",
+                                                        explicit_bucket_boundaries_advisory=STEP_SECONDS)
             self.pick_duration = meter.create_histogram("gen_durable.pick.duration", unit="s",
-                                                        description="Time of one pick (claim) statement round")
+                                                        description="Time of one pick (claim) statement round",
+                                                        explicit_bucket_boundaries_advisory=STATEMENT_SECONDS)
             self.pick_batch = meter.create_histogram("gen_durable.pick.batch_size", unit="{row}",
                                                      description="Rows claimed by one pick")
             self.flush_size = meter.create_histogram("gen_durable.flush.size", unit="{row}",
                                                      description="Outcomes committed by one flush")
             self.flush_duration = meter.create_histogram("gen_durable.flush.duration", unit="s",
-                                                         description="Time of one flush transaction")
+                                                         description="Time of one flush transaction",
+                                                         explicit_bucket_boundaries_advisory=STATEMENT_SECONDS)
             meter.create_observable_gauge("gen_durable.queue.depth", callbacks=[self._observe_depth],
                                           unit="{row}", description="Runnable rows per queue (up to 10,000)")
             meter.create_observable_gauge("gen_durable.queue.lag", callbacks=[self._observe_lag], unit="s",

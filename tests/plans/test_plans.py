@@ -206,6 +206,8 @@ def test_overview_statements_never_scan_the_table(scale):
         (sql.OVERVIEW_QUEUE_DEPTH, {"queues": ["q0", "q1", "q2"], "cap": COUNT_CAP}, {"gen_durable_pick"}),
         (sql.OVERVIEW_EXECUTING, None, {"gen_durable_lease"}),
         (sql.OVERVIEW_COMPLETIONS, {"minutes": 60}, {"gen_durable_gc", "gen_durable_failed"}),
+        # the Prometheus view's completions (gen_durable.integrations.prometheus)
+        (sql.METRICS_COMPLETIONS, None, {"gen_durable_gc", "gen_durable_failed"}),
         # the unserved-queue warnings (W006, worker start-up): bounded per queue too
         (sql.QUEUE_SAMPLE, {"queues": ["q0", "q1", "q2"], "cap": 1000}, {"gen_durable_pick"}),
     ]
@@ -226,6 +228,9 @@ def test_overview_statements_never_scan_the_table(scale):
     chart = plan(sql.OVERVIEW_COMPLETIONS, {"minutes": 60})
     assert [n["Index Name"] for n in nodes(chart) if n["Node Type"] == "Index Only Scan"] == [
         "gen_durable_gc", "gen_durable_failed"]
+    windows = plan(sql.METRICS_COMPLETIONS, None)
+    assert sorted(n["Index Name"] for n in nodes(windows) if n["Node Type"] == "Index Only Scan") == [
+        "gen_durable_failed", "gen_durable_gc"]
 
 
 def assert_finished_counts_stop_at_the_cap(p, cap):
