@@ -18,9 +18,12 @@ class GenDurableConfig(AppConfig):
             # task row's function through the registry, which these imports fill.
             _import_tasks()
 
-        from .otel import install_from_settings
+        from .conf import get_settings
 
-        install_from_settings()  # OpenTelemetry, when settings OPENTELEMETRY asks for it
+        if get_settings().OPENTELEMETRY:  # off by default: the integration is not even imported
+            from .integrations.otel import install_from_settings
+
+            install_from_settings()
 
 
 def _import_tasks():
@@ -32,7 +35,7 @@ def _import_tasks():
     from django.apps import apps
     from django.utils.module_loading import module_has_submodule
 
-    from .tasks import IMPORT_ERRORS, InvalidTask
+    from .integrations.tasks import IMPORT_ERRORS, InvalidTask
 
     IMPORT_ERRORS.clear()
     for app_config in apps.get_app_configs():

@@ -34,6 +34,13 @@ class BulkResult:
     scanned: int = 0
     batches: int = 0
     reasons: list = field(default_factory=list)
+    # Where a walk bounded by `max_batches` stopped (internal: the admin's "all matching"
+    # actions continue from here): the last id looked at, the walk's top id, and whether
+    # it reached the top; `start` the first id it looked at.
+    start: int = 0
+    after: int = 0
+    top: int = 0
+    finished: bool = True
 
 
 def _filter(status, queue, machine, batch):
@@ -52,17 +59,29 @@ def _filter(status, queue, machine, batch):
             "fsm": None if machine is None else text(machine, "machine"), "batch": batch}
 
 
-def _batches(params, using, result, progress):
+def _batches(params, using, result, progress, after=None, top=None, max_batches=None):
     """Yield the matching ids in batches of at most params["batch"], walking the primary
     key in windows of WINDOW ids (each read is bounded whatever the filter); rows
-    inserted after the walk started (ids past the largest at its start) are not included."""
-    low, top = db.fetchone("SELECT min(id), max(id) FROM gen_durable", None, using)
-    if top is None:
-        return
-    after = low - 1
+    inserted after the walk started (ids past the largest at its start) are not included.
+
+    after/top: resume a walk (ids > after, up to top); max_batches: stop after that many
+    non-empty batches or that many windows read, whichever comes first (result.after and
+    result.finished say where it stopped)."""
+    if after is None or top is None:
+        low, top = db.fetchone("SELECT min(id), max(id) FROM gen_durable", None, using)
+        if top is None:
+            return
+        after = low - 1
+    result.start, result.after, result.top, result.finished = after + 1, after, top, False
+    reads = 0
     while after < top:
+        if max_batches is not None and (result.batches >= max_batches or reads >= max_batches * 5):
+            result.after = after
+            return
+        reads += 1
         ids = [r[0] for r in db.fetchall(sql.BULK_SELECT, {**params, "after": after, "window": WINDOW}, using)]
-        after = ids[-1] if len(ids) == params["batch"] else after + WINDOW
+        after = ids[-1] if len(ids) == params["batch"] else min(after + WINDOW, top)
+        result.after = after
         if not ids:
             continue
         result.scanned += len(ids)
@@ -70,6 +89,7 @@ def _batches(params, using, result, progress):
         yield ids
         if progress is not None:
             progress(result.done, result.skipped, result.scanned)
+    result.finished = True
 
 
 def _skip(result, id_, why):
@@ -78,9 +98,9 @@ def _skip(result, id_, why):
         result.reasons.append(f"#{id_}: {why}")
 
 
-def _each(action, params, using, progress) -> BulkResult:
+def _each(action, params, using, progress, **walk) -> BulkResult:
     result = BulkResult()
-    for ids in _batches(params, using, result, progress):
+    for ids in _batches(params, using, result, progress, **walk):
         for id_ in ids:
             try:
                 action(id_)
@@ -149,10 +169,13 @@ def move_where(*, to_queue: str, status=None, queue: str | None = None, machine=
     `cancel_where` (status None: every status but executing and done). Statements: two
     per batch. Returns a BulkResult. Raises InvalidInput for a bad filter or queue name.
     """
-    target = text(to_queue, "to_queue")
-    params = _defaults("move", _filter(status, queue, machine, batch))
+    return _move(text(to_queue, "to_queue"), _defaults("move", _filter(status, queue, machine, batch)), using,
+                 progress)
+
+
+def _move(target, params, using, progress, **walk) -> BulkResult:
     result = BulkResult()
-    for ids in _batches(params, using, result, progress):
+    for ids in _batches(params, using, result, progress, **walk):
         moved = {r[0] for r in db.fetchall(sql.BULK_MOVE, {"ids": db.pg_array(ids), "queue": target}, using)}
         result.done += len(moved)
         for id_ in ids:
@@ -160,3 +183,37 @@ def move_where(*, to_queue: str, status=None, queue: str | None = None, machine=
                 _skip(result, id_, "executing, done, or already in the queue")
     return result
 
+
+
+RETRYABLE = ("failed", "awaiting_signal", "runnable")  # what gd.retry acts on
+
+
+def window_statuses(operation: str, status=None) -> list:
+    """The statuses `run_window` acts on: `status` (one or a list) if given, else the
+    operation's defaults — live rows for cancel, every status but executing and done for
+    move, and for retry the statuses a retry can act on (RETRYABLE: a done row would only
+    be read to be skipped)."""
+    if status is not None:
+        return [status] if isinstance(status, str) else list(status)
+    if operation == "retry":
+        return list(RETRYABLE)
+    return _defaults(operation, {"statuses": None})["statuses"]
+
+
+def run_window(operation: str, *, status=None, queue=None, machine=None, reason=None, to_queue=None,
+               batch: int = 1000, after=None, top=None, max_batches=None, using=None) -> BulkResult:
+    """Internal (the admin's "all matching" actions): `operation` ("cancel", "retry",
+    "move") on the filter, as the *_where call does, but resumable and bounded: ids
+    after `after` up to `top` (None: the whole table as it is now), at most
+    `max_batches` batches (None: to the end). The result's after/top/finished say
+    where it stopped; the next call passes them back. Statuses: `window_statuses`."""
+    params = _filter(window_statuses(operation, status), queue, machine, batch)
+    walk = {"after": after, "top": top, "max_batches": max_batches}
+    if operation == "cancel":
+        reason = reason_text(reason, "cancel reason")
+        return _each(lambda id_: calls.cancel(id_, reason, using=using), params, using, None, **walk)
+    if operation == "retry":
+        return _each(lambda id_: calls.retry(id_, using=using), params, using, None, **walk)
+    if operation == "move":
+        return _move(text(to_queue, "to_queue"), params, using, None, **walk)
+    raise InvalidInput(f"operation must be cancel, retry or move, got {operation!r}")

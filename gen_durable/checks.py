@@ -371,7 +371,7 @@ def check_producer(app_configs=None, **kwargs):
 def check_opentelemetry(app_configs=None, **kwargs):
     """E050: OPENTELEMETRY is a bool or {"TRACES": bool, "METRICS": bool}; E051: it is on
     but opentelemetry-api is not installed."""
-    from .otel import available
+    from .integrations.otel import available
 
     value = get_settings().OPENTELEMETRY
     hint = 'False, True, or {"TRACES": True, "METRICS": True} (docs/observability.md).'

@@ -66,7 +66,7 @@ DEFAULTS: dict[str, Any] = {
     "PRODUCER": {"MAX_BATCH": 1000, "MAX_DELAY": 0.1, "MAX_BUFFER": 10000, "ON_ERROR": None},
     # Not in the settings table of docs/guide.md: the largest encoded state/result/payload accepted (docs/design.md#reliability-bars).
     "MAX_PAYLOAD_BYTES": 1_048_576,
-    # OpenTelemetry spans and metrics (gen_durable/otel.py; needs the `otel` extra):
+    # OpenTelemetry spans and metrics (gen_durable/integrations/otel.py; needs the `otel` extra):
     # False, True, or {"TRACES": bool, "METRICS": bool}.
     "OPENTELEMETRY": False,
     # Bounds on the worker's own statements (seconds; docs/reliability.md). A flush that

@@ -84,7 +84,7 @@ class Instance(models.Model):
     inserted_at = models.DateTimeField(db_default=Now())
     updated_at = models.DateTimeField(db_default=Now())
     # One record per finished attempt ({"worker_id", "started_at", "error"}) for rows
-    # that keep one (Django tasks, gen_durable/tasks.py); NULL otherwise.
+    # that keep one (Django tasks, gen_durable/integrations/tasks.py); NULL otherwise.
     attempt_log = models.JSONField(null=True, blank=True, editable=False)
     # Set when a worker that did not know this row's machine, version or step handed it
     # back (a rolling deploy): it waits for a worker that knows it (migration 0008).

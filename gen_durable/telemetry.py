@@ -47,7 +47,7 @@ never breaks the engine. `duration` measurements are seconds (float).
 
 `step.start` and `step.stop` of one step are emitted in the same thread (the one that
 runs it); `error` is the recorded error text of a retry or stop (None otherwise).
-`gen_durable.otel` turns these events into OpenTelemetry spans and metrics.
+`gen_durable.otel` (gen_durable/integrations/otel.py) turns these events into OpenTelemetry spans and metrics.
 
 `step.slow` is emitted once per step still running after SLOW_STEP_SECONDS (sync steps,
 in the queue's feeder thread), with a WARNING on `gen_durable.worker`; the step goes on.

@@ -51,6 +51,18 @@ class HandedBackFactory(InstanceFactory):
                                                                                tzinfo=__import__("datetime").timezone.utc))
 
 
+class WorkerFactory(DjangoModelFactory):
+    """A worker registry row (gen_durable_workers), as a running worker's heartbeat keeps it."""
+
+    class Meta:
+        model = __import__("gen_durable.models", fromlist=["Worker"]).Worker
+
+    id = factory.Sequence(lambda n: f"worker-token-{n}")
+    host = "host-a"
+    pid = factory.Sequence(lambda n: 1000 + n)
+    queues = factory.LazyFunction(lambda: ["default"])
+
+
 class HistoryEntryFactory(DjangoModelFactory):
     """A timeline entry (gen_durable_history) as the flush writes it."""
 

@@ -273,13 +273,15 @@ WATCHDOG = Watchdog()
 # --- the connection budget ---------------------------------------------------------------
 
 def connection_need(queues: dict, *, processes: int = 1, reaper: bool = True, gc: bool = True,
-                    listener: bool | None = None) -> dict:
+                    listener: bool | None = None, gauges: bool = False) -> dict:
     """Connections a `rundurable` host holds at most: a dict of parts and the "total".
 
     Per process: Σ step threads (a queue's concurrency; one thread for a queue whose
     machines are all `async def`, `registry.step_threads`) + one for every async step (Django's shared sync thread) + one feeder per
     queue + flusher + heartbeat + timer + reaper + listener (not behind a pooler, not with
-    NOTIFY 'none') + the main thread; the first process adds the GC.
+    NOTIFY 'none') + the main thread (+ one for the queue gauges' statement when metrics
+    are collected: `gauges`, a short-lived connection of the collecting thread); the first
+    process adds the GC.
     """
     s = get_settings()
     if listener is None:
@@ -295,6 +297,8 @@ def connection_need(queues: dict, *, processes: int = 1, reaper: bool = True, gc
         "listener": int(bool(listener and queues)),
         "main": 1,
     }
+    if gauges:
+        per_process["metrics scrape"] = 1
     each = sum(per_process.values())
     maintenance = int(bool(gc and s.GC))
     return {"per process": per_process, "processes": processes, "maintenance": maintenance,

@@ -20,6 +20,7 @@ from tests.durable_app.durable import Plain
 from tests.durable_app.signal_machines import FanOut, Recorder
 
 webdriver = pytest.importorskip("selenium.webdriver")
+from selenium.common.exceptions import WebDriverException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support import expected_conditions as EC  # noqa: E402
 from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
@@ -63,6 +64,22 @@ class AdminInBrowser(StaticLiveServerTestCase):
     def wait_for(self, css):
         return WebDriverWait(self.browser, 15).until(EC.presence_of_element_located((By.CSS_SELECTOR, css)))
 
+    def after(self, act, css):
+        """Do what loads a new page (a click, a submit), then wait for `css` on THAT page:
+        the old page must go first, or its own elements would answer the wait."""
+        old = self.browser.find_element(By.TAG_NAME, "html")
+        act()
+
+        def gone(_):
+            try:
+                old.tag_name  # noqa: B018 (asks the browser whether the node is still there)
+            except WebDriverException:  # stale, or chromedriver's "does not belong to the document"
+                return True
+            return False
+
+        WebDriverWait(self.browser, 15).until(gone)
+        return self.wait_for(css)
+
     def test_operator_journey(self):
         User.objects.create_superuser("operator", "op@example.com", "s3cret-pass")
         parked = gd.insert(Recorder, state={"names": ["go"]}, queue=QUEUE, correlation_key="order:42")
@@ -78,16 +95,14 @@ class AdminInBrowser(StaticLiveServerTestCase):
         self.wait_for("#id_username").send_keys("operator")
         b.find_element(By.ID, "id_password").send_keys("s3cret-pass")
         self.shot("01-login")
-        b.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
-        self.wait_for("#content")
+        self.after(b.find_element(By.CSS_SELECTOR, "input[type=submit]").click, "#content")
         assert "Queue overview" in b.page_source
         self.shot("02-index")
 
         # filter by status
         self.visit("/admin/gen_durable/instance/")
         self.wait_for("#changelist")
-        b.find_element(By.LINK_TEXT, "Awaiting Signal").click()
-        self.wait_for("#result_list")
+        self.after(b.find_element(By.LINK_TEXT, "Awaiting Signal").click, "#result_list")
         ids = [a.text for a in b.find_elements(By.CSS_SELECTOR, "#result_list th.field-id a")]
         assert str(parked) in ids and str(victim) not in ids
         self.shot("03-changelist-filtered")
@@ -96,15 +111,13 @@ class AdminInBrowser(StaticLiveServerTestCase):
         self.visit("/admin/gen_durable/instance/")
         box = self.wait_for("#searchbar")
         box.send_keys("order:42")
-        box.submit()
-        self.wait_for("#result_list")
+        self.after(box.submit, "#result_list")
         ids = [a.text for a in b.find_elements(By.CSS_SELECTOR, "#result_list th.field-id a")]
         assert ids == [str(parked)]
         self.shot("04-search")
 
         # detail pages: inbox, children
-        b.find_element(By.LINK_TEXT, str(parked)).click()
-        self.wait_for("#gd-inbox")
+        self.after(b.find_element(By.LINK_TEXT, str(parked)).click, "#gd-inbox")
         assert "waits in the inbox" in b.find_element(By.ID, "gd-inbox").text
         self.shot("05-detail-inbox", height=2300)
         self.visit(f"/admin/gen_durable/instance/{parent}/change/")
@@ -114,14 +127,12 @@ class AdminInBrowser(StaticLiveServerTestCase):
 
         # deliver a signal (per row, with a confirmation page)
         self.visit(f"/admin/gen_durable/instance/{parked}/change/")
-        self.wait_for("#gd-act-signal").click()
-        self.wait_for("#id_name").send_keys("go")
+        self.after(self.wait_for("#gd-act-signal").click, "#id_name").send_keys("go")
         payload = b.find_element(By.ID, "id_payload")
         payload.clear()
         payload.send_keys('{"amount": 12}')
         self.shot("07-signal-confirm")
-        b.find_element(By.ID, "gd-confirm").click()
-        self.wait_for("ul.messagelist")
+        self.after(b.find_element(By.ID, "gd-confirm").click, "ul.messagelist")
         assert "Delivered signal 'go' to 1 instance" in b.find_element(By.CSS_SELECTOR, "ul.messagelist").text
         self.shot("08-signal-done")
         assert Instance.objects.get(id=parked).status == "runnable"
@@ -132,13 +143,11 @@ class AdminInBrowser(StaticLiveServerTestCase):
         self.wait_for("#result_list")
         b.find_element(By.CSS_SELECTOR, f"input.action-select[value='{victim}']").click()
         Select(b.find_element(By.NAME, "action")).select_by_value("cancel_selected")
-        b.find_element(By.CSS_SELECTOR, "button[name=index], .actions button").click()
-        reason = self.wait_for("#id_reason")
+        reason = self.after(b.find_element(By.CSS_SELECTOR, "button[name=index], .actions button").click, "#id_reason")
         reason.clear()
         reason.send_keys("customer withdrew")
         self.shot("09-cancel-confirm")
-        b.find_element(By.ID, "gd-confirm").click()
-        self.wait_for("ul.messagelist")
+        self.after(b.find_element(By.ID, "gd-confirm").click, "ul.messagelist")
         assert "Cancelled: 1 instance" in b.find_element(By.CSS_SELECTOR, "ul.messagelist").text
         row = Instance.objects.get(id=victim)
         assert (row.status, row.last_error) == ("failed", "customer withdrew")
@@ -152,12 +161,10 @@ class AdminInBrowser(StaticLiveServerTestCase):
         self.wait_for("#gd-queues")
         assert b.find_element(By.ID, "gd-completions").tag_name == "svg"
         self.shot("10-overview")
-        b.find_element(By.CSS_SELECTOR, f"#gd-queue-{QUEUE} input.gd-pause").click()
-        self.wait_for("ul.messagelist")
+        self.after(b.find_element(By.CSS_SELECTOR, f"#gd-queue-{QUEUE} input.gd-pause").click, "ul.messagelist")
         assert QUEUE in gd.paused_queues()
         self.shot("11-overview-paused")
-        b.find_element(By.CSS_SELECTOR, f"#gd-queue-{QUEUE} input.gd-resume").click()
-        self.wait_for("ul.messagelist")
+        self.after(b.find_element(By.CSS_SELECTOR, f"#gd-queue-{QUEUE} input.gd-resume").click, "ul.messagelist")
         assert QUEUE not in gd.paused_queues()
 
     def test_failures_hung_steps_and_the_audit_trail(self):
@@ -202,10 +209,8 @@ class AdminInBrowser(StaticLiveServerTestCase):
         box = self.wait_for("#searchbar")
         box.clear()
         box.send_keys("mail:7")
-        box.submit()
-        self.wait_for("#result_list")
-        b.find_element(By.LINK_TEXT, str(failed)).click()
-        tb = self.wait_for("pre.gd-traceback").text
+        self.after(box.submit, "#result_list")
+        tb = self.after(b.find_element(By.LINK_TEXT, str(failed)).click, "pre.gd-traceback").text
         assert 'durable.py", line' in tb and "in _nested" in tb and tb.endswith("RuntimeError: smtp down")
         self.shot("13-detail-traceback", height=1600)
 
@@ -218,17 +223,50 @@ class AdminInBrowser(StaticLiveServerTestCase):
 
         # cancel with a reason, then the instance's History shows who, when and why
         self.visit(f"/admin/gen_durable/instance/{victim}/change/")
-        self.wait_for("#gd-act-cancel").click()
-        reason = self.wait_for("#id_reason")
+        reason = self.after(self.wait_for("#gd-act-cancel").click, "#id_reason")
         reason.clear()
         reason.send_keys("customer withdrew by phone")
-        b.find_element(By.ID, "gd-confirm").click()
-        self.wait_for("ul.messagelist")
+        self.after(b.find_element(By.ID, "gd-confirm").click, "ul.messagelist")
         assert LogEntry.objects.filter(object_id=str(victim), user__username="operator2").count() == 1
         self.visit(f"/admin/gen_durable/instance/{victim}/history/")
         history = self.wait_for("#change-history").text
         assert "Cancelled (admin action); reason: customer withdrew by phone" in history and "operator2" in history
         self.shot("15-history")
+
+    def test_retry_all_matching_a_filter(self):
+        """Django's "Select all N" on a filtered list: the "all matching" page shows the
+        filter, a bounded count and the shell command, then retries every matching row
+        in bounded batches and logs the run."""
+        from django.contrib.admin.models import LogEntry
+
+        from tests.factories import InstanceFactory
+
+        queue = "q_browser_all"  # its own queue: the other tests' rows stay out of the count
+        User.objects.create_superuser("operator3", "op3@example.com", "s3cret-pass")
+        Instance.objects.bulk_create(InstanceFactory.build_batch(
+            70, queue=queue, status="failed", fsm="shop.SendReceipt", step="send", last_error="SMTPError: 421 busy"))
+        Instance.objects.bulk_create(InstanceFactory.build_batch(5, queue=queue, status="done"))
+        b = self.browser
+        self.client.force_login(User.objects.get(username="operator3"))
+        cookie = self.client.cookies["sessionid"]
+        self.visit("/admin/")
+        b.add_cookie({"name": "sessionid", "value": cookie.value, "path": "/"})
+
+        self.visit(f"/admin/gen_durable/instance/?status=failed&queue={queue}")
+        self.wait_for("#action-toggle").click()  # a checkbox: no page load
+        self.wait_for("#changelist-form .actions .question a").click()  # "Select all 70 instances"
+        Select(b.find_element(By.NAME, "action")).select_by_value("retry_selected")
+        assert self.after(b.find_element(By.CSS_SELECTOR, "#changelist-form .actions button[name=index]").click, "#gd-all-count").text == "70"
+        assert f"status = failed, queue = {queue}" in b.find_element(By.ID, "gd-all-filter").text
+        assert f"durable_bulk retry --status failed --queue {queue}" in b.find_element(By.ID, "gd-all-command").text
+        b.find_element(By.ID, "id_reason").send_keys("SMTP relay back after the outage")
+        self.shot("16-retry-all-matching-confirm")
+        assert self.after(b.find_element(By.ID, "gd-confirm").click, "#gd-all-result").text.startswith("70 done, 0 skipped of 70 matched")
+        assert b.find_elements(By.ID, "gd-all-finished")
+        self.shot("17-retry-all-matching-done")
+        assert Instance.objects.filter(queue=queue, status="runnable", fsm="shop.SendReceipt").count() == 70
+        entry = LogEntry.objects.get(user__username="operator3")
+        assert entry.change_message.startswith("Retried now (admin action, all matching); reason: SMTP relay back")
 
     def test_the_timeline_of_a_machine(self):
         """A machine run by a worker — an inline step, a handled error retried, an Await,
@@ -245,21 +283,20 @@ class AdminInBrowser(StaticLiveServerTestCase):
                 assert time.monotonic() < deadline, f"timed out waiting for {what}"
                 time.sleep(0.05)
 
-        User.objects.create_superuser("operator3", "op3@example.com", "s3cret-pass")
+        User.objects.create_superuser("operator4", "op4@example.com", "s3cret-pass")
         flow = gd.insert(HistoryFlow, queue=QUEUE, correlation_key="order:88")
         sup = Supervisor(WorkerConfig(queues={QUEUE: 2})).start()
         try:
             wait(lambda: Instance.objects.get(id=flow).status == "awaiting_signal", "the Await")
             b = self.browser
-            self.client.force_login(User.objects.get(username="operator3"))
+            self.client.force_login(User.objects.get(username="operator4"))
             self.visit("/admin/")
             b.add_cookie({"name": "sessionid", "value": self.client.cookies["sessionid"].value, "path": "/"})
             self.visit(f"/admin/gen_durable/instance/{flow}/change/")
             self.wait_for("#gd-act-signal").click()
             self.wait_for("#id_name").send_keys("go")
             b.find_element(By.ID, "id_reason").send_keys("warehouse confirmed by phone")
-            b.find_element(By.ID, "gd-confirm").click()
-            self.wait_for("ul.messagelist")
+            self.after(b.find_element(By.ID, "gd-confirm").click, "ul.messagelist")
             wait(lambda: Instance.objects.get(id=flow).status == "done", "done")
             wait(lambda: HistoryEntry.objects.filter(instance_id=flow).count() == 4, "the last entry")
         finally:
@@ -268,9 +305,9 @@ class AdminInBrowser(StaticLiveServerTestCase):
         rows = [r.text for r in self.wait_for("#gd-timeline").find_elements(By.CSS_SELECTOR, "tbody tr")]
         assert len(rows) == 5, rows
         assert "step c attempt 0 → done" in rows[0]
-        assert "admin operator3" in rows[1] and "warehouse confirmed by phone" in rows[1]
+        assert "admin operator4" in rows[1] and "warehouse confirmed by phone" in rows[1]
         assert "step b attempt 1 → awaits signals" in rows[2]
         assert "step b attempt 0 → retry" in rows[3] and "ValueError: flaky" in rows[3]
         assert "step a attempt 0 → next step (inline)" in rows[4]
         b.execute_script("document.getElementById('gd-timeline').closest('fieldset').scrollIntoView()")
-        self.browser.save_screenshot(str(SHOTS / "16-detail-timeline.png"))
+        self.browser.save_screenshot(str(SHOTS / "18-detail-timeline.png"))

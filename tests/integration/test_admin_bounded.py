@@ -7,7 +7,7 @@ from django.contrib import admin
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-import gen_durable.admin_paging as paging
+import gen_durable.admin.paging as paging
 from gen_durable.models import Bucket, Instance, Signal
 from tests.factories import InstanceFactory
 
@@ -38,6 +38,7 @@ def test_show_counts_runs_no_more_statements_than_the_plain_list(admin_client, q
         # no per-choice COUNT(... FILTER (WHERE ...)) of the facets, and no toggle offering them
         assert not [s for s in _gd(faceted) if "FILTER (WHERE" in s.upper()]
         assert "Show counts" not in page.content.decode()
+        assert page.context["cl"].add_facets is False  # Django's changelist never computes them
 
 
 def test_an_estimated_count_is_labelled_in_the_footer_and_the_header(admin_client, queue_name, monkeypatch):

@@ -8,7 +8,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from gen_durable.admin import ERROR_COLUMN
+from gen_durable.admin.site import ERROR_COLUMN
 from tests.factories import InstanceFactory, TerminalFactory
 
 pytestmark = pytest.mark.django_db

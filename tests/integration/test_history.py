@@ -283,7 +283,7 @@ def test_the_timeline_costs_the_same_queries_for_3_or_300_entries(admin_client, 
     rows = body_big.split('id="gd-timeline"')[1].split("</table>")[0].count('<tr class="gd-attempt">')
     assert rows == 50 and "the newest 50 shown" in body_big
     with CaptureQueriesContext(connection) as captured:
-        from gen_durable.history import timeline
+        from gen_durable.admin.timeline import timeline
 
         assert len(timeline(big.id)) == 50
     assert len(captured.captured_queries) == 2  # the history's newest 50, the admin log's

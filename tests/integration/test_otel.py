@@ -1,4 +1,4 @@
-"""OpenTelemetry: spans and metrics from the telemetry events (gen_durable/otel.py),
+"""OpenTelemetry: spans and metrics from the telemetry events (gen_durable/integrations/otel.py),
 checked with the SDK's in-memory exporters; and rundurable's quiet idle log."""
 
 import logging

@@ -199,13 +199,15 @@ def test_flush_reads_the_inline_rows_inboxes_by_their_target_index(scale):
 
 # --- the admin's queue overview and changelist (docs/admin.md) ------------------------
 def test_overview_statements_never_scan_the_table(scale):
-    from gen_durable.overview import COUNT_CAP
+    from gen_durable.queues import COUNT_CAP
 
     cases = [
         (sql.OVERVIEW_RUNNABLE_QUEUES, None, {"gen_durable_pick"}),
         (sql.OVERVIEW_QUEUE_DEPTH, {"queues": ["q0", "q1", "q2"], "cap": COUNT_CAP}, {"gen_durable_pick"}),
         (sql.OVERVIEW_EXECUTING, None, {"gen_durable_lease"}),
         (sql.OVERVIEW_COMPLETIONS, {"minutes": 60}, {"gen_durable_gc", "gen_durable_failed"}),
+        # the Prometheus view's completions (gen_durable.integrations.prometheus)
+        (sql.METRICS_COMPLETIONS, None, {"gen_durable_gc", "gen_durable_failed"}),
         # the unserved-queue warnings (W006, worker start-up): bounded per queue too
         (sql.QUEUE_SAMPLE, {"queues": ["q0", "q1", "q2"], "cap": 1000}, {"gen_durable_pick"}),
     ]
@@ -213,10 +215,47 @@ def test_overview_statements_never_scan_the_table(scale):
         p = plan(statement, params)
         assert not seq_scans_of_instances(p), statement.splitlines()[0]
         assert indexes <= index_scans(p), (statement.splitlines()[0], index_scans(p))
+    # done / failed per queue: two capped backward scans of the partial indexes, never
+    # the table (no ANALYZE needed); the awaiting sample reads the pages it asks for
+    with connection.cursor() as cur:
+        cur.execute(sql.NO_SORT)  # as the overview runs it (gen_durable/admin/overview.py)
+    finished = plan(sql.OVERVIEW_FINISHED, {"cap": COUNT_CAP})
+    assert_finished_counts_stop_at_the_cap(finished, COUNT_CAP)
+    sampled = plan(sql.OVERVIEW_SAMPLED, {"percent": 100.0 * 1000 / 35_000})
+    assert not seq_scans_of_instances(sampled)
+    assert [n["Node Type"] for n in nodes(sampled) if n.get("Relation Name") == "gen_durable"] == ["Sample Scan"]
     # the chart counts from the index alone (status is implied by its predicate)
     chart = plan(sql.OVERVIEW_COMPLETIONS, {"minutes": 60})
     assert [n["Index Name"] for n in nodes(chart) if n["Node Type"] == "Index Only Scan"] == [
         "gen_durable_gc", "gen_durable_failed"]
+    windows = plan(sql.METRICS_COMPLETIONS, None)
+    assert sorted(n["Index Name"] for n in nodes(windows) if n["Node Type"] == "Index Only Scan") == [
+        "gen_durable_failed", "gen_durable_gc"]
+
+
+def assert_finished_counts_stop_at_the_cap(p, cap):
+    assert not seq_scans_of_instances(p)
+    assert not [n for n in nodes(p) if n["Node Type"] in ("Sort", "Bitmap Heap Scan")], json.dumps(p)[:2000]
+    limits = [n for n in nodes(p) if n["Node Type"] == "Limit"]
+    assert [n["Plans"][0].get("Index Name") for n in limits] == ["gen_durable_gc", "gen_durable_failed"]
+    assert all(n["Plans"][0]["Scan Direction"] == "Backward" for n in limits)
+
+
+def test_overview_finished_counts_stay_bounded_without_statistics(scale):
+    """Before any ANALYZE the planner expects few finished rows and would read every one
+    by a bitmap scan and sort them (the control below); with sorts off (sql/no_sort.sql)
+    both capped counts walk their index backwards and stop at the cap."""
+    from gen_durable.queues import COUNT_CAP
+
+    with connection.cursor() as cur:  # rolled back with the test's transaction
+        cur.execute("DELETE FROM pg_statistic WHERE starelid = 'gen_durable'::regclass")
+        cur.execute("DELETE FROM pg_statistic_ext_data WHERE stxoid IN "
+                    "(SELECT oid FROM pg_statistic_ext WHERE stxrelid = 'gen_durable'::regclass)")
+    control = plan(sql.OVERVIEW_FINISHED, {"cap": COUNT_CAP})
+    assert [n for n in nodes(control) if n["Node Type"] == "Sort"], "the control: a sort of every finished row"
+    with connection.cursor() as cur:
+        cur.execute(sql.NO_SORT)
+    assert_finished_counts_stop_at_the_cap(plan(sql.OVERVIEW_FINISHED, {"cap": COUNT_CAP}), COUNT_CAP)
 
 
 def test_changelist_pages_ride_an_index(scale):

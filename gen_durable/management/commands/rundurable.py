@@ -99,6 +99,17 @@ def positive_int(value: str) -> int:
     return n
 
 
+def port_number(value: str) -> int:
+    """argparse type for --metrics-port: a TCP port, 1-65535."""
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a TCP port (1-65535), got {value!r}") from None
+    if not 1 <= n <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a TCP port (1-65535), got {n}")
+    return n
+
+
 def positive_float(value: str) -> float:
     try:
         n = float(value)
@@ -136,6 +147,13 @@ class Command(BaseCommand):
                             help="Database alias to serve (repeatable: one process serves each named "
                                  "database, with its own schedulers, leases, timers, GC, listener and "
                                  "limits); default: GEN_DURABLE['DATABASE'].")
+        parser.add_argument("--metrics-port", type=port_number, default=None, metavar="PORT",
+                            help="Serve this worker's metrics for Prometheus at http://ADDRESS:PORT/metrics "
+                                 "(needs the prometheus extra); with --processes N, child i serves PORT+i "
+                                 "(docs/observability.md, \"Prometheus\").")
+        parser.add_argument("--metrics-address", default=None, metavar="ADDRESS",
+                            help="Address the metrics endpoint listens on (default 127.0.0.1; 0.0.0.0 for "
+                                 "every interface). Needs --metrics-port.")
         parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
         # pids of dead predecessors of a restarted child, whose claims it takes back at once
         parser.add_argument("--predecessors", default="", help=argparse.SUPPRESS)
@@ -164,9 +182,14 @@ class Command(BaseCommand):
         return aliases
 
     def handle(self, *, queue, processes, no_reaper, no_gc, burst, child, predecessors, parent, verbosity,
-               database, max_wait=None, **options):
+               database, max_wait=None, metrics_port=None, metrics_address=None, **options):
         if max_wait is not None and not burst:
             raise CommandError("--max-wait needs --burst (a worker without it runs until stopped)")
+        if metrics_address is not None and metrics_port is None:
+            raise CommandError("--metrics-address needs --metrics-port (the port to serve the metrics on)")
+        if metrics_port is not None:
+            # A child's port was checked by its parent (and its own bind fails loudly).
+            self._check_metrics(metrics_port, metrics_address, processes, bind=child is None)
         _configure_logging(verbosity)
         settings = get_settings()
         aliases = self._aliases(database)
@@ -180,8 +203,13 @@ class Command(BaseCommand):
         if queue and child is None:
             self._check_queues([name for name, _ in queue], burst, aliases)
         if child is None:
-            self._check_connection_budget(queues, processes, aliases, reaper=not no_reaper, gc=not no_gc)
+            self._check_connection_budget(queues, processes, aliases, reaper=not no_reaper, gc=not no_gc,
+                                          gauges=metrics_port is not None or self._otel_gauges())
         if processes > 1 and child is None:
+            if metrics_port is not None:
+                log = logging.getLogger("gen_durable.worker")
+                for i in range(processes):
+                    log.info("child %d will serve Prometheus metrics on port %d", i, metrics_port + i)
             return self._supervise(processes, burst=burst)
         from gen_durable.worker.supervisor import Supervisor, WorkerConfig, run_several
 
@@ -192,12 +220,57 @@ class Command(BaseCommand):
                                 max_wait=max_wait, parent_pid=parent, using=alias,
                                 predecessors=tuple(int(p) for p in predecessors.split(",") if p))
                    for alias in aliases]
-        code = Supervisor(configs[0]).run() if len(configs) == 1 else run_several(configs)
+        served = None
+        if metrics_port is not None:
+            served = self._serve_metrics(metrics_port + (child or 0), metrics_address, aliases[0], child)
+        try:
+            code = Supervisor(configs[0]).run() if len(configs) == 1 else run_several(configs)
+        finally:
+            if served is not None:
+                served.close()
         if code == EXIT_LEFT_WORK:
             raise CommandError("burst: rows were left that this worker could not run (see the log line above)",
                                returncode=EXIT_LEFT_WORK)
         if code:
             raise CommandError(f"worker exited with {code}")
+
+    def _check_metrics(self, port, address, processes, *, bind=True):
+        """Refuse --metrics-port before any worker starts when it cannot work: the
+        prometheus extra is missing, a port of PORT..PORT+N-1 is past 65535, or one is
+        already bound (another rundurable on this host?)."""
+        import socket
+
+        try:
+            from gen_durable.integrations.prometheus import DEFAULT_ADDRESS, worker_exporter_available
+        except ImportError as exc:
+            raise CommandError(f"--metrics-port: {exc}") from None
+        problem = worker_exporter_available()
+        if problem:
+            raise CommandError(f"--metrics-port: {problem}")
+        address = address or DEFAULT_ADDRESS
+        last = port + processes - 1
+        if last > 65535:
+            raise CommandError(f"--metrics-port {port} with --processes {processes}: the children serve ports "
+                               f"{port}-{last}, past 65535")
+        for p in range(port, last + 1) if bind else ():
+            try:
+                family = socket.getaddrinfo(address, p, type=socket.SOCK_STREAM)[0][0]
+                socket.create_server((address, p), family=family).close()
+            except OSError as exc:
+                raise CommandError(f"--metrics-port: cannot serve metrics on {address}:{p}: "
+                                   f"{exc.strerror or exc} (another process on this host has the port? "
+                                   "pick a free one with --metrics-port)") from None
+
+    def _serve_metrics(self, port, address, using, child):
+        from gen_durable.integrations.prometheus import DEFAULT_ADDRESS, serve_worker_metrics
+
+        try:
+            served = serve_worker_metrics(port, address or DEFAULT_ADDRESS, using=using)
+        except (ImportError, OSError, RuntimeError, ValueError) as exc:
+            raise CommandError(f"--metrics-port: {exc}") from None
+        logging.getLogger("gen_durable.worker").info(
+            "serving Prometheus metrics at %s%s", served.url, "" if child is None else f" (child {child})")
+        return served
 
     def _note_unserved_routes(self, aliases):
         """Log the databases GEN_DURABLE['DATABASES'] routes to that this host does not
@@ -258,7 +331,14 @@ class Command(BaseCommand):
             raise CommandError(message + "; refusing --burst, which would exit 0 with nothing done")
         self.stderr.write(f"Warning: {message}")
 
-    def _check_connection_budget(self, queues, processes, aliases=(None,), *, reaper, gc):
+    @staticmethod
+    def _otel_gauges() -> bool:
+        """Whether OPENTELEMETRY's handler observes the queue gauges in this process."""
+        otel = sys.modules.get("gen_durable.integrations.otel")  # imported only when it is on
+        handler = getattr(otel, "_installed", None)
+        return bool(handler is not None and handler.metrics)
+
+    def _check_connection_budget(self, queues, processes, aliases=(None,), *, reaper, gc, gauges=False):
         """Log the host's connection need; refuse one a server's max_connections cannot hold.
 
         Counted per server (HOST, PORT): aliases on one server share its max_connections,
@@ -274,7 +354,7 @@ class Command(BaseCommand):
             servers.setdefault((where.get("HOST") or "", str(where.get("PORT") or "")), []).append(alias)
         log = logging.getLogger("gen_durable.worker")
         for on_server in servers.values():
-            need = connection_need(queues, processes=processes, reaper=reaper, gc=gc)
+            need = connection_need(queues, processes=processes, reaper=reaper, gc=gc, gauges=gauges)
             if len(on_server) > 1:  # each alias runs the whole set of roles on its own connections
                 need = dict(need, processes=need["processes"] * len(on_server),
                             maintenance=need["maintenance"] * len(on_server), total=need["total"] * len(on_server))

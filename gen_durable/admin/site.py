@@ -1,18 +1,6 @@
-"""The Django admin of gen_durable: instances, inboxes, limiter tables, queue overview.
-
-Installing the app registers everything; nothing to write in a project's admin.py.
-Built for tables of millions of rows (docs/admin.md):
-
-- changelists never count the whole table (`EstimatedCountPaginator`, its estimate
-  labelled "≈"; `show_full_result_count = False`; Django's facets off), sort only by the primary key, filter on choices
-  taken from the settings and the machine registry (never `SELECT DISTINCT`), and search
-  by exact id or exact correlation key, live or not (index lookups, never `icontains`);
-- the detail page shows the newest INLINE_LIMIT inbox rows and children, with a count
-  of the rest and a link to them;
-- actions (cancel, retry now, deliver a signal) go through the public calls, need the
-  change permission and a confirmation page; view-only staff see everything and
-  change nothing.
-"""
+"""The ModelAdmins registered on Django's admin site: instances, inboxes, limiter tables,
+the queue overview's page; the package's docstring (gen_durable/admin/__init__.py) says
+what they promise at scale."""
 
 from __future__ import annotations
 
@@ -30,18 +18,27 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 
-from . import calls, overview, registry
-from .admin_paging import EstimatedCountPaginator
-from .conf import database_alias, get_settings
-from .exceptions import DuplicateInstance, GenDurableError, NoTarget, NotRetryable
-from .limiter.base import EPSILON
-from .limiter.config import get_limits
-from .models import Bucket, BucketConfig, Instance, QueueOverview, Signal
-from .outcomes import MAX_NAME_LENGTH, MAX_REASON_LENGTH
-from .statuses import Status
+from .. import bulk, calls, db, queues, registry, sql
+from ..conf import database_alias, get_settings
+from ..exceptions import DuplicateInstance, GenDurableError, InvalidInput, NoTarget, NotRetryable
+from ..limiter.base import EPSILON
+from ..limiter.config import get_limits
+from ..models import Bucket, BucketConfig, Instance, QueueOverview, Signal
+from ..outcomes import MAX_NAME_LENGTH, MAX_REASON_LENGTH
+from ..statuses import Status
+from . import overview
+from .paging import CAP, EstimatedCountPaginator
 
 INLINE_LIMIT = 20  # newest inbox rows / children shown on the detail page
 MAX_ACTION_ROWS = 1000  # one action confirms and applies at most this many instances
+# "All matching" actions: one POST runs at most this many batches of ALL_BATCH ids
+# (bulk.run_window), then offers to continue — a request never runs for minutes.
+ALL_BATCH = 1000
+ALL_BATCHES_PER_REQUEST = 5
+# Changelist parameters an "all matching" action translates into a bulk filter, and
+# those that narrow nothing (paging, ordering, facets, the database selector).
+ALL_FILTERS = ("status", "queue", "machine")
+ALL_IGNORED = ("p", "o", "_facets", "database", "e")
 BIGINT = 2**63
 
 
@@ -155,7 +152,7 @@ class QueueFilter(admin.SimpleListFilter):
     parameter_name = "queue"
 
     def lookups(self, request, model_admin):
-        return [(q, q) for q in overview.configured_queues()]
+        return [(q, q) for q in queues.configured_queues()]
 
     def queryset(self, request, queryset):
         return queryset.filter(queue=self.value()) if self.value() else queryset
@@ -203,6 +200,27 @@ class SignalForm(forms.Form):
             raise forms.ValidationError(f"not valid JSON: {exc}") from None
 
 
+def _queue_choice(value):
+    """A target queue must be declared (settings QUEUES, a machine's queue or EXTRA_QUEUES):
+    a typo would strand the rows where no worker looks."""
+    name = value.strip()
+    try:
+        calls.check_queue(name)
+    except InvalidInput as exc:
+        raise forms.ValidationError(str(exc)) from None
+    return name
+
+
+class MoveForm(forms.Form):
+    to_queue = forms.CharField(max_length=MAX_NAME_LENGTH, label="To queue",
+                               help_text="A declared queue (GEN_DURABLE['QUEUES'], a machine's queue or "
+                                         "EXTRA_QUEUES). Executing and done rows are not moved.")
+    reason = forms.CharField(max_length=MAX_REASON_LENGTH, required=False, help_text=AUDIT_REASON_HELP)
+
+    def clean_to_queue(self):
+        return _queue_choice(self.cleaned_data["to_queue"])
+
+
 ACTIONS = {
     "cancel": {"title": "Cancel", "verb": "cancel", "form": CancelForm,
                "help": "Each live instance becomes failed with the reason; a running step's late outcome is dropped."},
@@ -212,7 +230,11 @@ ACTIONS = {
                       "waiting for a back-off or schedule become due now."},
     "signal": {"title": "Deliver a signal", "verb": "signal", "form": SignalForm,
                "help": "The signal lands in each instance's inbox and wakes it if it awaits that name."},
+    "move": {"title": "Move to a queue", "verb": "move", "form": MoveForm,
+             "help": "Each instance's next step is claimed by the target queue's workers; executing and done "
+                     "instances stay where they are (skipped)."},
 }
+ALL_MATCHING = ("cancel", "retry", "move")  # what bulk.py can do to every row of a filter
 
 
 @admin.register(Instance)
@@ -233,7 +255,7 @@ class InstanceAdmin(admin.ModelAdmin):
     show_facets = admin.ShowFacets.NEVER
     paginator = EstimatedCountPaginator
     list_per_page = 50
-    actions = ("cancel_selected", "retry_selected", "signal_selected")
+    actions = ("cancel_selected", "retry_selected", "move_selected", "signal_selected")
     change_form_template = "admin/gen_durable/instance/change_form.html"
     change_list_template = "admin/gen_durable/instance/change_list.html"
     fieldsets = (
@@ -279,7 +301,7 @@ class InstanceAdmin(admin.ModelAdmin):
         term = search_term.strip()
         if not term:
             return queryset, False
-        from . import db
+        from .. import db
 
         # Every row with this key, live or finished (gen_durable_correlation_key), newest
         # SEARCH_LIMIT. Resolved first, so the list's query is a primary-key lookup: an OR
@@ -361,8 +383,8 @@ class InstanceAdmin(admin.ModelAdmin):
 
     @admin.display(description="attempts and admin actions")
     def timeline(self, obj):
-        """The worker's entries and the admin log of this instance (gen_durable/history.py)."""
-        from .history import timeline_html
+        """The worker's entries and the admin log of this instance (gen_durable/admin/timeline.py)."""
+        from .timeline import timeline_html
 
         return timeline_html(obj.id, obj._state.db)
 
@@ -446,14 +468,27 @@ class InstanceAdmin(admin.ModelAdmin):
     # --- actions -------------------------------------------------------------------------
     def get_urls(self):
         return [
+            path("act/<str:action>/all/", self.admin_site.admin_view(self.all_matching_view),
+                 name="gen_durable_instance_act_all"),
             path("act/<str:action>/", self.admin_site.admin_view(self.action_view), name="gen_durable_instance_act"),
         ] + super().get_urls()
 
     def _redirect_to_action(self, request, queryset, action):
+        if request.POST.get("select_across") == "1":
+            # Django's "Select all N": the whole filtered list, however long — the
+            # "all matching" page runs it in bounded batches (bulk.py).
+            if action not in ALL_MATCHING:
+                self.message_user(request, f"{ACTIONS[action]['title']} applies to selected instances only "
+                                           f"(at most {MAX_ACTION_ROWS}): select them on the page.", messages.ERROR)
+                return None
+            url = reverse("admin:gen_durable_instance_act_all", args=[action])
+            query = request.GET.copy()
+            query["next"] = request.get_full_path()
+            return HttpResponseRedirect(url + "?" + query.urlencode())
         ids = list(queryset.order_by("-id").values_list("id", flat=True)[: MAX_ACTION_ROWS + 1])
         if len(ids) > MAX_ACTION_ROWS:
-            self.message_user(request, f"Select at most {MAX_ACTION_ROWS} instances for one action "
-                                       "(narrow the list with a filter).", messages.ERROR)
+            self.message_user(request, f"Select at most {MAX_ACTION_ROWS} instances for one action, or "
+                                       "\"Select all\" to act on every instance the filter matches.", messages.ERROR)
             return None
         url = reverse("admin:gen_durable_instance_act", args=[action])
         return HttpResponseRedirect(with_database(url + "?" + urlencode({"ids": ",".join(map(str, ids)),
@@ -467,6 +502,10 @@ class InstanceAdmin(admin.ModelAdmin):
     @admin.action(description="Retry selected instances now…", permissions=["change"])
     def retry_selected(self, request, queryset):
         return self._redirect_to_action(request, queryset, "retry")
+
+    @admin.action(description="Move selected instances to a queue…", permissions=["change"])
+    def move_selected(self, request, queryset):
+        return self._redirect_to_action(request, queryset, "move")
 
     @admin.action(description="Deliver a signal to selected instances…", permissions=["change"])
     def signal_selected(self, request, queryset):
@@ -506,9 +545,73 @@ class InstanceAdmin(admin.ModelAdmin):
         }
         return TemplateResponse(request, "admin/gen_durable/instance/action_confirm.html", context)
 
+    def all_matching_view(self, request, action):
+        """Confirmation (GET) and one bounded run (POST) of cancel / retry / move on every
+        instance matching the changelist filter in the query string (docs/admin.md,
+        "All matching"). A POST runs at most ALL_BATCHES_PER_REQUEST batches and offers to
+        continue from where it stopped; each run writes one summary LogEntry."""
+        from django.http import Http404
+
+        if action not in ALL_MATCHING:
+            raise Http404(f"no all-matching action {action!r}")
+        if not self.has_change_permission(request):
+            raise PermissionDenied
+        spec = ACTIONS[action]
+        using = request_alias(request)
+        back = request.GET.get("next") or ""
+        if not back.startswith("/"):
+            back = with_database(reverse("admin:gen_durable_instance_changelist"), using)
+        context = {**self.admin_site.each_context(request), "opts": self.model._meta, "spec": spec,
+                   "action": action, "next": back, "database": using, "other_database": using != database_alias(),
+                   "title": f"{spec['title']}: all matching instances"}
+        filt, refused = all_matching_filter(request.GET)
+        if refused:
+            context["refused"] = refused
+            return TemplateResponse(request, "admin/gen_durable/instance/action_all.html", context)
+        statuses = bulk.window_statuses(action, filt.get("status"))
+        form = spec["form"](request.POST if request.method == "POST" else None)
+        form.fields["reason"].widget.attrs["size"] = 60
+        if action != "cancel":
+            form.fields["reason"].help_text = ("Optional: why — kept with who, when, the filter and the counts in one "
+                                               "admin log entry per run (the admin's recent actions).")
+        context.update(form=form, bulk_filter=filt, filter_text=filter_text(filt) or "no filter: every instance",
+                       statuses=statuses, per_request=f"{ALL_BATCH * ALL_BATCHES_PER_REQUEST:,}",
+                       batch=f"{ALL_BATCH:,}")
+        if request.method == "POST" and form.is_valid():
+            after, top = _int_or_none(request.POST.get("after")), _int_or_none(request.POST.get("top"))
+            data = form.cleaned_data
+            try:
+                result = bulk.run_window(action, status=filt.get("status"), queue=filt.get("queue"),
+                                         machine=filt.get("machine"), reason=data.get("reason") if action == "cancel"
+                                         else None, to_queue=data.get("to_queue"), batch=ALL_BATCH,
+                                         after=after, top=top, max_batches=ALL_BATCHES_PER_REQUEST, using=using)
+            except InvalidInput as exc:
+                form.add_error(None, str(exc))
+            else:
+                audit_all_matching(request, action, filt, data, result)
+                context.update(result=result, command=bulk_command(action, filt, data, using),
+                               done=f"{result.done:,}", skipped=f"{result.skipped:,}", scanned=f"{result.scanned:,}")
+                return TemplateResponse(request, "admin/gen_durable/instance/action_all.html", context)
+        qs = Instance.objects.using(using).filter(status__in=statuses)
+        if filt.get("queue"):
+            qs = qs.filter(queue=filt["queue"])
+        if filt.get("machine"):
+            qs = qs.filter(fsm=filt["machine"])
+        counter = EstimatedCountPaginator(qs.order_by("-id"), 1)
+        n = counter.count
+        context.update(count=f"{n:,}", count_estimated=counter.estimated, cap=f"{CAP:,}",
+                       command=bulk_command(action, filt, form.data if form.is_bound else {}, using))
+        return TemplateResponse(request, "admin/gen_durable/instance/action_all.html", context)
+
     def _apply(self, request, action, ids, data):
         done, skipped = [], []
         using = request_alias(request)
+        if action == "move":
+            moved = {r[0] for r in db.fetchall(sql.BULK_MOVE, {"ids": db.pg_array(ids), "queue": data["to_queue"]},
+                                               using)}
+            done = [i for i in ids if i in moved]
+            skipped = [f"#{i} (missing, executing, done, or already in the queue)" for i in ids if i not in moved]
+            ids = []
         for id_ in ids:
             try:
                 if action == "cancel":
@@ -535,12 +638,66 @@ class InstanceAdmin(admin.ModelAdmin):
             count = f"{len(done)} instance{'s' if len(done) != 1 else ''} ({shown})"
             if action == "signal":
                 message = f"Delivered signal {data['name']!r} to {count}."
+            elif action == "move":
+                message = f"Moved to queue {data['to_queue']!r}: {count}."
             else:
                 message = f"{'Cancelled' if action == 'cancel' else 'Retried'}: {count}."
             self.message_user(request, message, messages.SUCCESS)
         if skipped:
             self.message_user(request, f"Skipped {len(skipped)}: " + "; ".join(skipped[:20])
                               + (" …" if len(skipped) > 20 else ""), messages.WARNING)
+
+
+def _int_or_none(value):
+    try:
+        return int(value) if value not in (None, "") else None
+    except ValueError:
+        return None
+
+
+def all_matching_filter(query) -> tuple[dict, list[str]]:
+    """The bulk filter (status, queue, machine) of a changelist query string, and what
+    of it bulk.py cannot express (a search, a parent, any other lookup) — refused
+    rather than dropped, which would widen the action to rows the list did not show."""
+    filt, refused = {}, []
+    for key in query:
+        value = query.get(key)
+        if key in ALL_FILTERS:
+            if value:
+                filt[key] = value
+        elif key == "q":
+            if value.strip():
+                refused.append(f"the search {value.strip()!r}")
+        elif key not in ALL_IGNORED and key != "next":
+            refused.append(f"the filter {key}={value!r}")
+    if filt.get("status") and filt["status"] not in Status.values:
+        refused.append(f"the status {filt['status']!r} (not one of {', '.join(Status.values)})")
+    return filt, refused
+
+
+def filter_text(filt: dict) -> str:
+    return ", ".join(f"{k} = {filt[k]}" for k in ALL_FILTERS if filt.get(k))
+
+
+def bulk_command(action: str, filt: dict, data, using: str) -> str:
+    """The `manage.py durable_bulk` command line for the same filter (a shell runs it to
+    the end in one go; it writes no admin LogEntry)."""
+    import shlex
+
+    parts = ["python", "manage.py", "durable_bulk", action]
+    for key in ALL_FILTERS:
+        if filt.get(key):
+            parts += [f"--{key}", filt[key]]
+    if action == "retry" and not filt.get("status"):
+        for status in bulk.RETRYABLE:  # what the admin retries; the command's default is failed only
+            parts += ["--status", status]
+    if action == "cancel":
+        parts += ["--reason", (data.get("reason") or "").strip() or "REASON"]
+    if action == "move":
+        parts += ["--to-queue", (data.get("to_queue") or "").strip() or "QUEUE"]
+    if using != database_alias():
+        parts += ["--database", using]
+    return " ".join(shlex.quote(p) for p in parts)
 
 
 # --- audit trail (django.contrib.admin's LogEntry) ---------------------------------------
@@ -551,6 +708,8 @@ def audit_message(action: str, data: dict) -> str:
         what = "Cancelled (admin action)"
     elif action == "retry":
         what = "Retried now (admin action)"
+    elif action == "move":
+        what = f"Moved to queue {data['to_queue']!r} (admin action)"
     else:
         what = f"Delivered signal {data['name']!r} (admin action)"
         if data.get("dedup_key"):
@@ -572,6 +731,23 @@ def audit_instances(request, ids, message) -> None:
         LogEntry(user_id=request.user.pk, content_type=content_type, object_id=str(row.id),
                  object_repr=str(row)[:200], action_flag=CHANGE, change_message=message)
         for row in rows])
+
+
+def audit_all_matching(request, action, filt, data, result) -> None:
+    """One LogEntry for one run of an "all matching" action: who, when, what (the
+    filter, the id range walked, done/skipped counts) and why. It has no object id (it
+    names many), so it shows in the admin's recent actions, not on an instance's History."""
+    from django.contrib.admin.models import CHANGE, LogEntry
+    from django.contrib.contenttypes.models import ContentType
+
+    what = audit_message(action, data).replace("(admin action)", "(admin action, all matching)", 1)
+    scope = filter_text(filt) or "no filter"
+    ids = f"ids {result.start}..{result.after}" + ("" if result.finished else f" of ..{result.top}")
+    message = (f"{what}; filter: {scope}; {ids}; {result.done:,} done, {result.skipped:,} skipped of "
+               f"{result.scanned:,} matched" + ("" if result.finished else "; not finished"))
+    LogEntry.objects.create(
+        user_id=request.user.pk, content_type=ContentType.objects.get_for_model(Instance), object_id=None,
+        object_repr=f"all matching: {scope}"[:200], action_flag=CHANGE, change_message=message)
 
 
 def audit_queue(request, queue, message) -> None:

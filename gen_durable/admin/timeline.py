@@ -14,7 +14,7 @@ from datetime import datetime
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
-from .models import HistoryEntry, Instance
+from ..models import HistoryEntry, Instance
 
 TIMELINE_LIMIT = 50  # entries shown on the detail page, newest first
 

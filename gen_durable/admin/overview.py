@@ -9,7 +9,10 @@ size of the table (docs/admin.md lists them with their plans):
 - queues: the configured queues, those with runnable rows (a loose index scan of
   gen_durable_pick), those a live worker serves and the paused ones; per queue the
   runnable and due rows (counted up to COUNT_CAP), the oldest due row's age, the
-  executing rows (gen_durable_lease) and the planner's estimates for the other statuses;
+  executing rows (gen_durable_lease), the done and failed rows counted among the newest
+  COUNT_CAP finished / failed ones (gen_durable_gc, gen_durable_failed; a lower bound
+  past that), and the rows awaiting a signal or children — exact on a small table, else
+  the planner's statistics while fresh, else a bounded sample read now;
 - workers: the worker registry and the executing rows per claimant (`locked_by`), with
   each claimant's longest-running step ("longest running", from the same statement);
 - schedules: the configured cron schedules, next run and last run (gen_durable_schedules,
@@ -26,39 +29,81 @@ from __future__ import annotations
 
 import datetime as dt
 
-from . import db, registry, sql
-from .conf import get_settings
-from .statuses import Status
+from .. import db, registry, sql
+from ..conf import get_settings
+from ..queues import COUNT_CAP, configured_queues, queue_depth
+from ..statuses import Status
 
-COUNT_CAP = 10_000
 CHART_MINUTES = 60
 LONGEST_RUNNING = 10  # rows of the "longest running" table (one per claimant and queue)
 ESTIMATED = ("awaiting_signal", "awaiting_children", "done", "failed")
 
 
-def configured_queues() -> list[str]:
-    """Queues named by settings QUEUES or by a registered machine (no database read)."""
-    names = set(get_settings().QUEUES)
-    names.update(cls.queue for cls in registry.all_machines().values() if getattr(cls, "queue", None))
-    return sorted(names)
+SAMPLE_PAGES = 1000  # pages the awaiting counts read at most when the statistics cannot serve
+STALE_FRACTION = 0.1  # the statistics are stale once this share of the rows changed since ANALYZE
 
 
-def queue_depth(queues, using=None) -> dict:
-    """queue -> (runnable ≤ COUNT_CAP, due ≤ COUNT_CAP, oldest due eligible_at | None, now)."""
-    if not queues:
-        return {}
-    rows = db.fetchall(sql.OVERVIEW_QUEUE_DEPTH, {"queues": list(queues), "cap": COUNT_CAP}, using)
-    return {r[0]: r[1:] for r in rows}
-
-
-def _estimates(using):
-    reltuples, analyzed, attnames, values, freqs = db.fetchone(sql.OVERVIEW_ESTIMATES, None, using)
-    out: dict = {}
+def statistics(using=None) -> dict:
+    """What the planner's statistics say (sql/overview_estimates.sql): per (queue,
+    status) its estimate (`mcv`), when the table was last analysed, whether that is
+    fresh (analysed, and at most STALE_FRACTION of the rows — at least 1,000 — changed
+    since), the rows changed since and the table's size in pages now."""
+    reltuples, analyzed, attnames, values, freqs, modified, live, pages = db.fetchone(
+        sql.OVERVIEW_ESTIMATES, None, using)
+    mcv: dict = {}
     if attnames and values:
         qi, si = attnames.index("queue"), attnames.index("status")
         for pair, freq in zip(values, freqs):
-            out[(pair[qi], pair[si])] = round(freq * max(reltuples, 0))
-    return out, analyzed
+            mcv[(pair[qi], pair[si])] = round(freq * max(reltuples, 0))
+    rows = max(reltuples or 0, live or 0, 0)
+    fresh = analyzed is not None and (modified or 0) <= max(1000, STALE_FRACTION * rows)
+    return {"mcv": mcv, "analyzed": analyzed, "fresh": fresh, "modified": modified or 0, "pages": pages or 0}
+
+
+def finished_counts(using=None) -> dict:
+    """Done and failed rows per queue counted among the newest COUNT_CAP + 1 finished and
+    failed rows (sql/overview_finished.sql, two capped index scans): {"done": {queue: n},
+    "failed": {queue: n}, "done_more": bool, "failed_more": bool} — *_more: more rows
+    exist than were counted, so each n is a lower bound."""
+    from django.db import transaction
+
+    out = {"done": {}, "failed": {}, "done_more": False, "failed_more": False}
+    alias = db.connection(using).alias
+    # The capped index scans must not depend on the statistics (tests/plans): sorts off
+    # for this one statement, in a savepoint rolled back after it, so the setting never
+    # reaches the rest of the request's transaction.
+    with transaction.atomic(using=alias):
+        point = transaction.savepoint(using=alias)
+        try:
+            db.fetchone(sql.NO_SORT, None, using)
+            rows = db.fetchall(sql.OVERVIEW_FINISHED, {"cap": COUNT_CAP}, using)
+        finally:
+            transaction.savepoint_rollback(point, using=alias)
+    for kind, queue, status, n, sampled in rows:
+        if kind == "finished":
+            out["done_more"] = sampled > COUNT_CAP
+            if status == "done":
+                out["done"][queue] = n
+        else:
+            out["failed_more"] = sampled > COUNT_CAP
+            out["failed"][queue] = n
+    return out
+
+
+def awaiting_counts(stats: dict, using=None) -> dict:
+    """Rows awaiting a signal / children per queue, and where the numbers come from:
+    a table of at most SAMPLE_PAGES pages is read whole (exact); a larger one uses the
+    statistics while they are fresh, else a sample of SAMPLE_PAGES pages read now
+    (sql/overview_sampled.sql, TABLESAMPLE SYSTEM). Returns {"counts": {(queue,
+    status): n}, "source": "exact" | "statistics" | "sample", "percent": float}."""
+    pages = stats["pages"]
+    if pages > SAMPLE_PAGES and stats["fresh"]:
+        return {"counts": {k: v for k, v in stats["mcv"].items() if k[1] in ("awaiting_signal", "awaiting_children")},
+                "source": "statistics", "percent": None}
+    percent = 100.0 if pages <= SAMPLE_PAGES else 100.0 * SAMPLE_PAGES / pages
+    scale = 100.0 / percent
+    counts = {(q, st): round(n * scale) for q, st, n in db.fetchall(sql.OVERVIEW_SAMPLED, {"percent": percent}, using)}
+    return {"counts": counts, "source": "exact" if percent >= 100.0 else "sample", "percent": percent}
 
 
 def _count(n, estimated=False):
@@ -68,6 +113,13 @@ def _count(n, estimated=False):
     if not estimated and n >= COUNT_CAP:
         return {"n": n, "text": f"{COUNT_CAP:,}+", "estimated": False}
     return {"n": n, "text": ("≈ " if estimated else "") + f"{n:,}", "estimated": estimated}
+
+
+def _at_least(n, estimate=None):
+    """A lower-bound cell (more rows exist than were counted), with the statistics'
+    estimate beside it when they are fresh and say more."""
+    text = f"≥ {n:,}" + (f" (≈ {estimate:,})" if estimate is not None and estimate > n else "")
+    return {"n": n, "text": text, "estimated": estimate is not None and estimate > n, "lower_bound": True}
 
 
 def live_workers(using=None) -> list[dict]:
@@ -91,7 +143,22 @@ def queues_section(using=None) -> dict:
         executing[queue] = executing.get(queue, 0) + n
     names = sorted(set(configured_queues()) | set(runnable_queues) | set(paused) | set(served) | set(executing))
     depth = queue_depth(names, using)
-    estimates, analyzed = _estimates(using)
+    stats = statistics(using)
+    finished = finished_counts(using)
+    awaiting = awaiting_counts(stats, using)
+    fresh_mcv = stats["mcv"] if stats["fresh"] else {}
+
+    def cells(q):
+        out = []
+        for s in ESTIMATED:
+            if s in ("done", "failed"):
+                n = finished[s].get(q, 0)
+                out.append(_at_least(n, fresh_mcv.get((q, s))) if finished[f"{s}_more"]
+                           else {"n": n, "text": f"{n:,}", "estimated": False})
+            else:
+                out.append(_count(awaiting["counts"].get((q, s), 0), estimated=awaiting["source"] != "exact"))
+        return out
+
     rows = []
     for q in names:
         runnable, due, oldest, now = depth.get(q, (0, 0, None, None))
@@ -104,12 +171,15 @@ def queues_section(using=None) -> dict:
             "runnable": _count(runnable), "due": _count(due),
             "oldest_age": age, "oldest_age_text": _age(age),
             "executing": _count(executing.get(q, 0)),
-            "estimated": [_count(estimates.get((q, s), 0) if analyzed else None, estimated=True) for s in ESTIMATED],
+            "estimated": cells(q),
         })
     return {
         "template": "admin/gen_durable/overview/queues.html", "title": "Queues",
         "rows": rows, "estimated_statuses": [Status(s).label for s in ESTIMATED],
-        "analyzed": analyzed, "cap": COUNT_CAP,
+        "analyzed": stats["analyzed"], "stale": stats["analyzed"] is not None and not stats["fresh"],
+        "modified": stats["modified"], "cap": COUNT_CAP, "finished": finished, "awaiting": awaiting,
+        "sample_pages": f"{SAMPLE_PAGES:,}", "pages": f"{stats['pages']:,}", "cap_text": f"{COUNT_CAP:,}",
+        "modified_text": f"{stats['modified']:,}",
         "unserved": [r for r in rows if r["unserved"]],
     }
 
@@ -181,7 +251,7 @@ def _age(seconds):
 def schedules_section(using=None) -> dict:
     """Cron schedules with their next and last run (gen_durable.schedules.overview):
     no statement when none is configured, else two primary-key reads."""
-    from .schedules import overview
+    from ..schedules import overview
 
     return {"template": "admin/gen_durable/overview/schedules.html", "title": "Schedules",
             "schedules": overview(using)}

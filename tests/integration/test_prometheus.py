@@ -1,0 +1,383 @@
+"""Prometheus (gen_durable/integrations/prometheus.py, docs/observability.md "Prometheus"):
+the worker endpoint of `rundurable --metrics-port` scraped over HTTP after real steps,
+the database view scraped through Django, and the errors of a bad configuration."""
+
+import datetime as dt
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+from prometheus_client.parser import text_string_to_metric_families
+
+import gen_durable as gd
+from gen_durable.integrations import prometheus
+from gen_durable.models import Instance, Worker
+from gen_durable.testing import drain
+from tests.conftest import wait_until
+from tests.durable_app.durable import AlwaysRaises, Plain
+from tests.factories import ExecutingFactory, InstanceFactory, TerminalFactory, WorkerFactory
+from tests.integration.test_rundurable import MANAGE, ROOT, child_env, keep_signal_handlers  # noqa: F401
+
+
+def free_port(n=1) -> int:
+    """A port p such that p .. p+n-1 are free now on 127.0.0.1."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port + n > 65535:
+            continue
+        try:
+            for p in range(port, port + n):
+                socket.create_server(("127.0.0.1", p)).close()
+        except OSError:
+            continue
+        return port
+    raise AssertionError("no free port range")
+
+
+def scrape(url) -> dict:
+    """{sample name: [(labels, value)]} of one scrape, parsed by prometheus_client."""
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        text = resp.read().decode()
+    return parse(text)
+
+
+def parse(text) -> dict:
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out.setdefault(s.name, []).append((s.labels, s.value))
+    return out
+
+
+def value(samples, name, **labels):
+    """The one sample of `name` whose labels include `labels`."""
+    found = [v for ls, v in samples.get(name, []) if all(ls.get(k) == w for k, w in labels.items())]
+    assert len(found) == 1, (name, labels, samples.get(name))
+    return found[0]
+
+
+class ScrapesItsWorker(gd.Machine):
+    """Scrapes the endpoint of the worker running it (a step runs while the worker serves)."""
+
+    name = "tests.prometheus.ScrapesItsWorker"
+
+    @gd.step
+    def start(self, ctx):
+        with urllib.request.urlopen(ctx.state["url"], timeout=10) as resp:
+            return gd.Done({"status": resp.status, "text": resp.read().decode()})
+
+
+# --- the worker endpoint -------------------------------------------------------------
+@pytest.fixture
+def worker_metrics():
+    served = prometheus.serve_worker_metrics(free_port())
+    yield served
+    served.close()
+
+
+@pytest.mark.django_db
+def test_the_worker_endpoint_serves_step_counts_and_duration_histograms_after_a_drain(worker_metrics, queue_name):
+    ids = [gd.insert(Plain, queue=queue_name) for _ in range(4)]
+    gd.insert(AlwaysRaises, queue=queue_name)
+    drain(queue=queue_name)
+    assert set(Instance.objects.filter(id__in=ids).values_list("status", flat=True)) == {"done"}
+    samples = scrape(worker_metrics.url)
+    plain = {"machine": "tests.Plain", "step": "start", "outcome": "done"}
+    assert value(samples, "gen_durable_steps_total", **plain) == 4
+    assert value(samples, "gen_durable_step_duration_seconds_count", **plain) == 4
+    # seconds buckets (not the SDK's millisecond defaults): a no-op step lands low
+    assert value(samples, "gen_durable_step_duration_seconds_bucket", le="+Inf", **plain) == 4
+    assert value(samples, "gen_durable_step_duration_seconds_bucket", le="3600.0", **plain) == 4
+    assert {ls["le"] for ls, _ in samples["gen_durable_step_duration_seconds_bucket"]} >= {"0.005", "1.0", "300.0"}
+    raises = {"machine": "tests.AlwaysRaises", "step": "perform"}
+    assert value(samples, "gen_durable_steps_total", outcome="retry", **raises) == AlwaysRaises.max_attempts - 1
+    assert value(samples, "gen_durable_steps_total", outcome="stop", **raises) == 1
+    assert value(samples, "gen_durable_step_duration_seconds_count", outcome="stop", **raises) == 1
+    assert "process_cpu_seconds_total" in samples  # prometheus_client's default registry rides along
+
+
+@pytest.mark.django_db
+def test_the_worker_endpoint_works_beside_an_installed_opentelemetry_handler(worker_metrics, queue_name):
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from gen_durable import otel
+
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    otel.install(meter_provider=provider, traces=False)  # as OPENTELEMETRY does, with the app's providers
+    try:
+        gd.insert(Plain, queue=queue_name)
+        drain(queue=queue_name)
+        own = [p.value for rm in reader.get_metrics_data().resource_metrics for sm in rm.scope_metrics
+               for m in sm.metrics if m.name == "gen_durable.steps" for p in m.data.data_points
+               if p.attributes["machine"] == "tests.Plain"]
+    finally:
+        otel.uninstall()
+        provider.shutdown()
+    assert own == [1]  # the application's provider still gets its points
+    assert value(scrape(worker_metrics.url), "gen_durable_steps_total", machine="tests.Plain", outcome="done") == 1
+
+
+def test_the_worker_endpoint_serves_pick_histograms_and_queue_gauges_of_a_running_worker(
+        worker_metrics, engine, committed, queue_name):
+    engine({queue_name: 2})
+    ids = [gd.insert(Plain, queue=queue_name) for _ in range(5)]
+    wait_until(lambda: Instance.objects.filter(id__in=ids, status="done").count() == 5, what="steps ran")
+    gd.pause_queue(queue_name)
+    try:
+        import time
+
+        time.sleep(1.3)  # the schedulers see the pause
+        waiting = [gd.insert(Plain, queue=queue_name) for _ in range(3)]
+        Instance.objects.filter(id__in=waiting).update(eligible_at=timezone.now() - dt.timedelta(seconds=90))
+        samples = scrape(worker_metrics.url)
+    finally:
+        gd.resume_queue(queue_name)
+    assert value(samples, "gen_durable_pick_batch_size_sum", queue=queue_name) >= 5
+    assert value(samples, "gen_durable_pick_duration_seconds_count", queue=queue_name) >= 1
+    assert value(samples, "gen_durable_queue_depth", queue=queue_name) == 3
+    assert 80 <= value(samples, "gen_durable_queue_lag_seconds", queue=queue_name) <= 600
+    assert value(samples, "gen_durable_steps_total", machine="tests.Plain", outcome="done") >= 5
+
+
+def test_closing_the_worker_endpoint_frees_its_port_and_detaches_its_handler():
+    from gen_durable import telemetry
+
+    port = free_port()
+    served = prometheus.serve_worker_metrics(port)
+    assert served.url == f"http://127.0.0.1:{port}/metrics"
+    assert scrape(served.url)
+    with pytest.raises(RuntimeError, match=rf"already serves its metrics at http://127\.0\.0\.1:{port}/metrics"):
+        prometheus.serve_worker_metrics(free_port())  # one per process: it would serve every series twice
+    served.close()
+    assert all(h is not served.handler for _, h in telemetry._handlers)
+    socket.create_server(("127.0.0.1", port)).close()  # free again
+    again = prometheus.serve_worker_metrics(port)  # and a second endpoint may take it
+    again.close()
+
+
+def test_rundurable_serves_while_it_runs_and_frees_the_port_when_it_exits(committed, keep_signal_handlers,
+                                                                           queue_name, caplog):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/metrics"
+    ids = [gd.insert(Plain, queue=queue_name) for _ in range(3)]
+    scraper = gd.insert(ScrapesItsWorker, queue=queue_name, state={"url": url}, priority=10)  # after the others
+    with caplog.at_level("INFO", "gen_durable"):
+        call_command("rundurable", "--burst", "--queue", f"{queue_name}=1", "--no-gc", "--metrics-port", str(port),
+                     verbosity=1)
+    assert f"serving Prometheus metrics at {url}" in caplog.text
+    assert "+ 1 metrics scrape)" in caplog.text  # the gauges' connection is in the budget
+    assert set(Instance.objects.filter(id__in=ids).values_list("status", flat=True)) == {"done"}
+    result = Instance.objects.get(id=scraper).result
+    assert result["status"] == 200
+    samples = parse(result["text"])
+    assert value(samples, "gen_durable_steps_total", machine="tests.Plain", outcome="done") == 3
+    assert value(samples, "gen_durable_queue_depth", queue=queue_name) == 0  # only the scraper, executing
+    socket.create_server(("127.0.0.1", port)).close()  # closed with the worker
+
+
+def test_two_worker_processes_each_serve_their_own_port(committed, queue_name):
+    port = free_port(2)
+    proc = subprocess.Popen(MANAGE + ["rundurable", "--processes", "2", "--queue", f"{queue_name}=2", "--no-gc",
+                                      "--metrics-port", str(port)],
+                            cwd=ROOT, env=child_env(), stderr=subprocess.PIPE, text=True)
+    try:
+        def up(p):
+            try:
+                return scrape(f"http://127.0.0.1:{p}/metrics")
+            except OSError:
+                return None
+
+        wait_until(lambda: up(port) and up(port + 1), timeout=60, what="both children's endpoints")
+        ids = gd.insert_all([gd.Spec(Plain, queue=queue_name) for _ in range(40)])
+        wait_until(lambda: Instance.objects.filter(id__in=ids, status="done").count() == 40, timeout=60,
+                   what="steps")
+
+        def steps_seen():
+            total = 0
+            for p in (port, port + 1):
+                total += sum(v for ls, v in up(p).get("gen_durable_steps_total", [])
+                             if ls["machine"] == "tests.Plain" and ls["outcome"] == "done")
+            return total == 40 and total
+
+        wait_until(steps_seen, timeout=10, what="the two endpoints' step counts to add up to 40")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err[-3000:]
+    assert f"child 0 will serve Prometheus metrics on port {port}" in err
+    assert f"child 1 will serve Prometheus metrics on port {port + 1}" in err
+    assert f"serving Prometheus metrics at http://127.0.0.1:{port + 1}/metrics (child 1)" in err
+
+
+# --- misconfiguration ----------------------------------------------------------------
+@pytest.mark.parametrize("argv, message", [
+    (["--metrics-port", "0"], r"expected a TCP port \(1-65535\), got 0"),
+    (["--metrics-port", "65536"], r"expected a TCP port \(1-65535\), got 65536"),
+    (["--metrics-port", "http"], r"expected a TCP port \(1-65535\), got 'http'"),
+    (["--metrics-address", "0.0.0.0"], "--metrics-address needs --metrics-port"),
+    (["--metrics-port", "65535", "--processes", "2"], "serve ports 65535-65536, past 65535"),
+])
+def test_bad_metrics_arguments_are_refused(db, argv, message):
+    with pytest.raises(CommandError, match=message):
+        call_command("rundurable", "--burst", *argv)
+
+
+def test_a_metrics_port_in_use_is_refused_before_any_worker_starts(transactional_db, queue_name):
+    port = free_port(2)
+    with socket.create_server(("127.0.0.1", port + 1)):  # the second child's port
+        with pytest.raises(CommandError, match=rf"cannot serve metrics on 127\.0\.0\.1:{port + 1}: .*in use"):
+            call_command("rundurable", "--processes", "2", "--queue", queue_name, "--metrics-port", str(port))
+        with pytest.raises(OSError, match=rf"cannot serve Prometheus metrics on 127\.0\.0\.1:{port + 1}: .*in use"):
+            prometheus.serve_worker_metrics(port + 1)
+
+
+def test_a_metrics_address_that_is_not_this_hosts_is_refused(transactional_db, queue_name):
+    with pytest.raises(CommandError, match=r"cannot serve metrics on 192\.0\.2\.1:"):
+        call_command("rundurable", "--burst", "--queue", queue_name, "--metrics-port", str(free_port()),
+                     "--metrics-address", "192.0.2.1")  # TEST-NET-1: no host has it
+
+
+def test_a_missing_extra_names_the_pip_install(transactional_db, monkeypatch, queue_name):
+    monkeypatch.setitem(sys.modules, "opentelemetry.exporter.prometheus", None)  # import fails
+    with pytest.raises(CommandError, match=r'opentelemetry\.exporter\.prometheus cannot be imported: '
+                                           r'pip install "gen-durable\[prometheus\]"'):
+        call_command("rundurable", "--burst", "--queue", queue_name, "--metrics-port", str(free_port()))
+    with pytest.raises(ImportError, match=r"gen-durable\[prometheus\]"):
+        prometheus.serve_worker_metrics(free_port())
+
+
+def test_the_view_module_without_prometheus_client_names_the_pip_install(monkeypatch):
+    import importlib
+
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)
+    monkeypatch.delitem(sys.modules, "gen_durable.integrations.prometheus")
+    with pytest.raises(ImportError, match=r'needs prometheus_client .*pip install "gen-durable\[prometheus\]"'):
+        importlib.import_module("gen_durable.integrations.prometheus")
+    monkeypatch.undo()
+    assert importlib.import_module("gen_durable.integrations.prometheus") is prometheus
+
+
+def test_serve_worker_metrics_rejects_a_bad_port_or_address():
+    for port in (0, 70000, "9464", True):
+        with pytest.raises(ValueError, match="metrics port must be an int in 1-65535"):
+            prometheus.serve_worker_metrics(port)
+    with pytest.raises(ValueError, match="metrics address must be"):
+        prometheus.serve_worker_metrics(free_port(), "")
+
+
+# --- the database view ---------------------------------------------------------------
+def _seed(queues):
+    """Rows in `queues`: per queue i, i+1 due rows, one due later, one executing."""
+    Worker.objects.all().delete()
+    now = timezone.now()
+    for i, q in enumerate(queues):
+        for _ in range(i + 1):
+            InstanceFactory(queue=q, eligible_at=now - dt.timedelta(seconds=120 * (i + 1)))
+        InstanceFactory(queue=q, eligible_at=now + dt.timedelta(hours=1))
+        ExecutingFactory(queue=q)
+    TerminalFactory(queue=queues[0])  # finished now
+    TerminalFactory(queue=queues[0], status="failed")
+    TerminalFactory(queue=queues[0], status="done", updated_at=now - dt.timedelta(minutes=30))
+    TerminalFactory(queue=queues[0], status="failed", updated_at=now - dt.timedelta(minutes=30))
+    TerminalFactory(queue=queues[0], status="failed", updated_at=now - dt.timedelta(hours=2))  # out of both windows
+    WorkerFactory(queues=[queues[0]])
+    WorkerFactory(queues=[queues[0], queues[-1]])
+    WorkerFactory(queues=[queues[0]], last_seen=now - dt.timedelta(hours=1))  # gone
+
+
+@pytest.mark.django_db
+def test_the_view_reports_queue_gauges_completions_and_workers_from_the_database(client, queue_name):
+    queues = [f"{queue_name}_a", f"{queue_name}_b", f"{queue_name}_c"]
+    _seed(queues)
+    gd.pause_queue(queues[1])
+    resp = client.get("/metrics/")
+    assert resp.status_code == 200
+    assert resp["Content-Type"].startswith("text/plain; version=0.0.4")
+    assert resp["Cache-Control"] == "no-store"
+    samples = parse(resp.content.decode())
+    for i, q in enumerate(queues):
+        on = {"database": "default", "queue": q}
+        assert value(samples, "gen_durable_db_queue_runnable", **on) == i + 2
+        assert value(samples, "gen_durable_db_queue_due", **on) == i + 1
+        assert 120 * (i + 1) - 1 <= value(samples, "gen_durable_db_queue_oldest_due_age_seconds", **on) < 120 * (i + 1) + 600
+        assert value(samples, "gen_durable_db_queue_executing", **on) == 1
+        assert value(samples, "gen_durable_db_queue_paused", **on) == (1 if i == 1 else 0)
+    assert value(samples, "gen_durable_db_queue_workers", queue=queues[0]) == 2
+    assert value(samples, "gen_durable_db_queue_workers", queue=queues[1]) == 0
+    assert value(samples, "gen_durable_db_queue_workers", queue=queues[2]) == 1
+    assert value(samples, "gen_durable_db_finished", window="1m") == 2
+    assert value(samples, "gen_durable_db_finished", window="1h") == 4
+    assert value(samples, "gen_durable_db_failed", window="1m") == 1
+    assert value(samples, "gen_durable_db_failed", window="1h") == 2
+    assert value(samples, "gen_durable_db_workers_live", database="default") == 2
+    # a configured queue with nothing in it is reported as zeros, not left out
+    empty = {"database": "default", "queue": "default"}
+    assert value(samples, "gen_durable_db_queue_runnable", **empty) == 0
+    assert value(samples, "gen_durable_db_queue_oldest_due_age_seconds", **empty) == 0
+
+
+@pytest.mark.django_db
+def test_one_scrape_runs_six_statements_whatever_the_number_of_queues(client, queue_name):
+    counts = []
+    for n in (1, 8):
+        _seed([f"{queue_name}_{n}_{i}" for i in range(n)])
+        with CaptureQueriesContext(connection) as ctx:
+            assert client.get("/metrics/").status_code == 200
+        counts.append(len(ctx.captured_queries))
+    assert counts == [6, 6], counts
+
+
+@pytest.mark.django_db
+def test_runnable_counts_stop_at_the_cap(client, queue_name):
+    from gen_durable import queues
+
+    # the cap is the overview's; a smaller one here keeps the test's rows few
+    InstanceFactory.create_batch(7, queue=queue_name, eligible_at=timezone.now() - dt.timedelta(seconds=5))
+    original = queues.COUNT_CAP
+    try:
+        queues.COUNT_CAP = 5
+        samples = parse(client.get("/metrics/").content.decode())
+    finally:
+        queues.COUNT_CAP = original
+    assert value(samples, "gen_durable_db_queue_runnable", queue=queue_name) == 5
+    assert value(samples, "gen_durable_db_queue_due", queue=queue_name) == 5
+
+
+@pytest.mark.django_db(databases=["default", "other"])
+def test_the_view_reads_another_database_by_query_or_urls_kwargs(client, queue_name, settings):
+    # ?database= names only gen_durable's databases: a routed one here
+    assert client.get("/metrics/?database=other").status_code == 404
+    settings.GEN_DURABLE = {**settings.GEN_DURABLE, "DATABASES": {"QUEUES": {queue_name: "other"}}}
+    InstanceFactory._meta.database = "other"
+    try:
+        InstanceFactory.create_batch(2, queue=queue_name)
+    finally:
+        InstanceFactory._meta.database = "default"
+    for url in ("/metrics/?database=other", "/metrics/other/"):
+        samples = parse(client.get(url).content.decode())
+        assert value(samples, "gen_durable_db_queue_runnable", database="other", queue=queue_name) == 2
+    samples = parse(client.get("/metrics/").content.decode())
+    assert not [ls for ls, _ in samples["gen_durable_db_queue_runnable"] if ls["queue"] == queue_name]
+
+
+@pytest.mark.django_db
+def test_the_view_refuses_what_it_does_not_understand(client):
+    assert client.get("/metrics/?database=nope").status_code == 404
+    bad = client.get("/metrics/?databse=other")
+    assert bad.status_code == 400 and b"databse" in bad.content
+    assert client.post("/metrics/").status_code == 405
+    openmetrics = client.get("/metrics/", HTTP_ACCEPT="application/openmetrics-text; version=1.0.0")
+    assert openmetrics["Content-Type"].startswith("application/openmetrics-text")
+    assert openmetrics.content.rstrip().endswith(b"# EOF")
+
