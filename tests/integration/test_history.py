@@ -144,7 +144,7 @@ def test_a_connection_lost_during_the_flush_leaves_no_entry(committed, queue_nam
     assert status(job.id) == "executing" and entries_of(job.id) == []
 
 
-def test_a_history_write_that_fails_fails_no_outcome(committed, queue_name, monkeypatch, caplog):
+def test_a_history_write_that_fails_fails_no_outcome(committed, queue_name, monkeypatch, caplog, events):
     """The outcomes committed first: a failing timeline write loses only its entries
     (logged), and the next flush on the same connection goes through."""
     a, b = claims.pick(*_claim(queue_name, Plain, 2))
@@ -152,6 +152,8 @@ def test_a_history_write_that_fails_fails_no_outcome(committed, queue_name, monk
     monkeypatch.setattr(sql, "HISTORY_INSERT", "SELECT * FROM no_such_table_here")
     result = flush([stamped(Done(None), Plain, a)], alone=True)
     assert result.committed == {a.id: "done"} and "were not written" in caplog.text
+    ((measured, meta),) = [(m, md) for e, m, md in events if e == "history.error"]
+    assert measured == {"count": 1} and "no_such_table_here" in meta["error"]
     monkeypatch.setattr(sql, "HISTORY_INSERT", good)
     assert flush([stamped(Done(None), Plain, b)], alone=True).committed == {b.id: "done"}
     assert entries_of(a.id) == [] and [e.outcome for e in entries_of(b.id)] == ["done"]
@@ -202,12 +204,13 @@ def test_gc_keeps_the_newest_entries_of_each_instance(committed):
     assert deleted == 1 and kept(2) == [few[1].id] + [e.id for e in newer] and after == newer[-1].id
 
 
-def test_the_gc_sweep_trims_the_timeline_with_the_terminal_rows(committed):
+def test_the_gc_sweep_trims_the_timeline_with_the_terminal_rows(committed, events):
     _aged(4, 1, 3600)
     keep = _aged(5, 2, 10)
     sweep = maintenance.make_gc_sweep(86400, 100, None, history={"RETENTION": 600, "MAX_PER_INSTANCE": 2})
     sweep()
     assert sorted(e.id for e in HistoryEntry.objects.all()) == [e.id for e in keep[-2:]]
+    assert [m for e, m, _ in events if e == "gc.history"] == [{"count": 4 + 3}]
 
 
 # --- settings ---------------------------------------------------------------------------------
