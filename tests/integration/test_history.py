@@ -378,3 +378,15 @@ def test_a_step_cut_off_at_shutdown_is_an_abandoned_attempt(committed, queue_nam
     (entry,) = entries_of(job.id)
     assert (entry.step, entry.attempt, entry.outcome, entry.worker) == ("start", 0, "abandoned", WORKER)
     assert entry.error == row.last_error and "DRAIN_TIMEOUT (5 s)" in entry.error
+
+
+@pytest.mark.django_db(databases=["default", "other"])
+def test_the_timeline_is_read_from_the_instances_own_database(admin_client, queue_name):
+    """`?database=other`: the entries live with the instance (a worker of that database
+    wrote them); the admin log is on the default database, as Django keeps it."""
+    id_ = gd.insert(Flow, queue=queue_name, using="other")
+    drain(queue_name, using="other")
+    assert [e.outcome for e in HistoryEntry.objects.using("other").filter(instance_id=id_)] == ["next", "next", "done"]
+    body = admin_client.get(DETAIL.format(id_) + "?database=other").content.decode()
+    table = body.split('id="gd-timeline"')[1].split("</table>")[0]
+    assert table.count('<tr class="gd-attempt">') == 3 and "<code>third</code>" in table
