@@ -2,8 +2,9 @@
 (docs/guide.md "Bulk operations"): `cancel_where`, `retry_where`, `move_where`.
 
 Each batch is one read of at most `batch` ids from a range of at most WINDOW ids of the
-primary key (sql/bulk_select.sql, locking nothing; a window with no match is read and
-skipped) and then one guarded statement per row (cancel, retry) or one per
+primary key (sql/bulk_select.sql, locking nothing; after a window with no match the walk
+jumps to the next existing id, sql/bulk_next.sql, so a gap in the id space costs one
+index descent) and then one guarded statement per row (cancel, retry) or one per
 batch (move), each committed on its own: workers are never blocked for longer than one
 row's or one batch's update, a row that moved on meanwhile is skipped, and a run that is
 interrupted can simply be started again. `progress(done, skipped, scanned)` is called
@@ -83,6 +84,12 @@ def _batches(params, using, result, progress, after=None, top=None, max_batches=
         after = ids[-1] if len(ids) == params["batch"] else min(after + WINDOW, top)
         result.after = after
         if not ids:
+            # A gap in the id space (an old row, everything after it deleted) would
+            # otherwise be read WINDOW ids at a time: jump to the next existing id.
+            if after < top:
+                (nxt,) = db.fetchone(sql.BULK_NEXT, {"after": after}, using)
+                after = top if nxt is None or nxt > top else max(after, nxt - 1)
+                result.after = after
             continue
         result.scanned += len(ids)
         result.batches += 1
@@ -98,14 +105,20 @@ def _skip(result, id_, why):
         result.reasons.append(f"#{id_}: {why}")
 
 
-def _each(action, params, using, progress, **walk) -> BulkResult:
-    result = BulkResult()
+def _each(action, params, using, progress, result=None, **walk) -> BulkResult:
+    # `result` may be the caller's: filled in as the walk goes, so counts survive an error.
+    result = BulkResult() if result is None else result
     for ids in _batches(params, using, result, progress, **walk):
         for id_ in ids:
             try:
                 action(id_)
             except GenDurableError as exc:  # NoTarget, NotRetryable, DuplicateInstance
                 _skip(result, id_, f"{type(exc).__name__}: {exc}")
+            except BaseException:
+                # Interrupted (a database error): a walk resumed from result.after starts
+                # at this row, not past the rest of its batch.
+                result.after, result.finished = id_ - 1, False
+                raise
             else:
                 result.done += 1
     return result
@@ -173,10 +186,14 @@ def move_where(*, to_queue: str, status=None, queue: str | None = None, machine=
                  progress)
 
 
-def _move(target, params, using, progress, **walk) -> BulkResult:
-    result = BulkResult()
+def _move(target, params, using, progress, result=None, **walk) -> BulkResult:
+    result = BulkResult() if result is None else result
     for ids in _batches(params, using, result, progress, **walk):
-        moved = {r[0] for r in db.fetchall(sql.BULK_MOVE, {"ids": db.pg_array(ids), "queue": target}, using)}
+        try:
+            moved = {r[0] for r in db.fetchall(sql.BULK_MOVE, {"ids": db.pg_array(ids), "queue": target}, using)}
+        except BaseException:
+            result.after, result.finished = ids[0] - 1, False  # the batch's one UPDATE did nothing
+            raise
         result.done += len(moved)
         for id_ in ids:
             if id_ not in moved:
@@ -188,27 +205,37 @@ def _move(target, params, using, progress, **walk) -> BulkResult:
 RETRYABLE = ("failed", "awaiting_signal", "runnable")  # what gd.retry acts on
 
 
-def window_statuses(operation: str, status=None) -> list:
-    """The statuses `run_window` acts on: `status` (one or a list) if given, else the
-    operation's defaults — live rows for cancel, every status but executing and done for
-    move, and for retry the statuses a retry can act on (RETRYABLE: a done row would only
-    be read to be skipped)."""
-    if status is not None:
-        return [status] if isinstance(status, str) else list(status)
+def actionable_statuses(operation: str) -> list:
+    """The statuses `operation` can change: live rows for cancel, every status but
+    executing and done for move, RETRYABLE for retry."""
     if operation == "retry":
         return list(RETRYABLE)
     return _defaults(operation, {"statuses": None})["statuses"]
 
 
+def window_statuses(operation: str, status=None) -> list:
+    """The statuses `run_window` acts on: `status` (one or a list) narrowed to the
+    operation's `actionable_statuses`, or all of those — a row of another status would
+    only be read to be skipped. May be empty (the action does nothing to that status)."""
+    able = actionable_statuses(operation)
+    if status is None:
+        return able
+    wanted = [status] if isinstance(status, str) else list(status)
+    return [s for s in wanted if s in able]
+
+
 def run_window(operation: str, *, status=None, queue=None, machine=None, reason=None, to_queue=None,
-               batch: int = 1000, after=None, top=None, max_batches=None, using=None) -> BulkResult:
+               batch: int = 1000, after=None, top=None, max_batches=None, using=None,
+               result: BulkResult | None = None) -> BulkResult:
     """Internal (the admin's "all matching" actions): `operation` ("cancel", "retry",
     "move") on the filter, as the *_where call does, but resumable and bounded: ids
     after `after` up to `top` (None: the whole table as it is now), at most
     `max_batches` batches (None: to the end). The result's after/top/finished say
-    where it stopped; the next call passes them back. Statuses: `window_statuses`."""
+    where it stopped; the next call passes them back. Statuses: `window_statuses`
+    (InvalidInput when none is left). `result`: a BulkResult to fill in as it goes (what
+    was done before an error is still counted there)."""
     params = _filter(window_statuses(operation, status), queue, machine, batch)
-    walk = {"after": after, "top": top, "max_batches": max_batches}
+    walk = {"after": after, "top": top, "max_batches": max_batches, "result": result}
     if operation == "cancel":
         reason = reason_text(reason, "cancel reason")
         return _each(lambda id_: calls.cancel(id_, reason, using=using), params, using, None, **walk)

@@ -118,3 +118,19 @@ def test_sparse_matches_are_found_across_windows_of_the_primary_key(queue_name, 
     result = gd.retry_where(queue=queue_name, batch=2)
     assert (result.done, result.scanned) == (6, 6)
     assert set(Instance.objects.filter(id__in=ids).values_list("status", flat=True)) == {"runnable"}
+
+
+def test_a_gap_in_the_id_space_costs_one_probe_not_a_read_per_window(queue_name):
+    base = 10**12  # an old parked row; the rows after it deleted; the matches 3,000,000 ids later
+    InstanceFactory(id=base, queue=f"{queue_name}_old", status="awaiting_signal")
+    Instance.objects.bulk_create([InstanceFactory.build(id=base + 3_000_000 + i, queue=queue_name, status="failed")
+                                  for i in range(10)])
+    out = StringIO()
+    with CaptureQueriesContext(connection) as captured:
+        call_command("durable_bulk", "retry", "--queue", queue_name, stdout=out)
+    assert "retry: 10 done, 0 skipped of 10 matched in 1 batch\n" in out.getvalue()
+    assert Instance.objects.filter(queue=queue_name, status="runnable").count() == 10
+    sent = [q["sql"] for q in captured.captured_queries]
+    # one read of the empty window after the old row, one jump, one read of the rows
+    assert len([s for s in sent if "bulk_select" in s]) == 2
+    assert len([s for s in sent if "bulk_next" in s]) == 1

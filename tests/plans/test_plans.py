@@ -319,3 +319,10 @@ def test_the_admin_timeline_reads_the_newest_entries_of_one_instance(timeline_ro
     query, params = qs.query.sql_with_params()
     p = plan(query, params)
     assert not seq_scans_of_history(p) and "gen_durable_history_instance" in index_scans(p)
+
+
+def test_the_bulk_walk_jumps_a_gap_by_one_primary_key_descent(scale):
+    p = plan(sql.BULK_NEXT, {"after": 1000})
+    assert not seq_scans_of_instances(p), json.dumps(p, indent=1)[:3000]
+    assert index_scans(p) == {"gen_durable_pkey"}, json.dumps(p, indent=1)[:3000]
+    assert any(n["Node Type"] == "Limit" for n in nodes(p))  # min(id) as the index's first entry, not an aggregate of all
