@@ -5,18 +5,21 @@ what they promise at scale."""
 from __future__ import annotations
 
 import json
+import re
+import uuid
 
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import ImproperlyConfigured, PermissionDenied
 from django.core.serializers.json import DjangoJSONEncoder
+from django.db import DatabaseError
 from django.http import HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.db.models.functions import Substr
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
-from django.utils.http import urlencode
+from django.utils.http import url_has_allowed_host_and_scheme, urlencode
 
 from .. import bulk, calls, db, queues, registry, sql
 from ..conf import database_alias, get_settings
@@ -39,7 +42,20 @@ ALL_BATCHES_PER_REQUEST = 5
 # those that narrow nothing (paging, ordering, facets, the database selector).
 ALL_FILTERS = ("status", "queue", "machine")
 ALL_IGNORED = ("p", "o", "_facets", "database", "e")
+# What the result page's URL (POST/redirect/GET) carries besides the filter: the run's
+# token (its counts, kept in the session) and where to continue from.
+ALL_RESULT = ("run", "after", "top")
+ALL_RESULTS_KEPT = 10  # results of the last runs kept in the session for their pages
 BIGINT = 2**63
+
+
+def safe_next(request, back, default):
+    """`back` (a ?next= URL) if it stays on this site, else `default`: "//host/x" or
+    "https://elsewhere" would make the admin an open redirect."""
+    if back and url_has_allowed_host_and_scheme(back, allowed_hosts={request.get_host()},
+                                                require_https=request.is_secure()):
+        return back
+    return default
 
 
 def _pretty(value):
@@ -527,9 +543,8 @@ class InstanceAdmin(admin.ModelAdmin):
             if id_ is not None and id_ not in ids:
                 ids.append(id_)
         ids = ids[:MAX_ACTION_ROWS]
-        back = request.POST.get("next") or request.GET.get("next") or ""
-        if not back.startswith("/"):
-            back = reverse("admin:gen_durable_instance_changelist")
+        back = safe_next(request, request.POST.get("next") or request.GET.get("next"),
+                         with_database(reverse("admin:gen_durable_instance_changelist"), request_alias(request)))
         form = spec["form"](request.POST if request.method == "POST" else None)
         if request.method == "POST" and ids and form.is_valid():
             self._apply(request, action, ids, form.cleaned_data)
@@ -546,10 +561,12 @@ class InstanceAdmin(admin.ModelAdmin):
         return TemplateResponse(request, "admin/gen_durable/instance/action_confirm.html", context)
 
     def all_matching_view(self, request, action):
-        """Confirmation (GET) and one bounded run (POST) of cancel / retry / move on every
-        instance matching the changelist filter in the query string (docs/admin.md,
-        "All matching"). A POST runs at most ALL_BATCHES_PER_REQUEST batches and offers to
-        continue from where it stopped; each run writes one summary LogEntry."""
+        """Confirmation (GET), one bounded run (POST) and its result (GET ?run=TOKEN) of
+        cancel / retry / move on every instance matching the changelist filter in the query
+        string (docs/admin.md, "All matching"). A POST runs at most ALL_BATCHES_PER_REQUEST
+        batches, writes one summary LogEntry and redirects to its result page (a reload
+        shows the result again and acts on nothing), which offers to continue from where
+        it stopped."""
         from django.http import Http404
 
         if action not in ALL_MATCHING:
@@ -558,16 +575,16 @@ class InstanceAdmin(admin.ModelAdmin):
             raise PermissionDenied
         spec = ACTIONS[action]
         using = request_alias(request)
-        back = request.GET.get("next") or ""
-        if not back.startswith("/"):
-            back = with_database(reverse("admin:gen_durable_instance_changelist"), using)
+        back = safe_next(request, request.GET.get("next"),
+                         with_database(reverse("admin:gen_durable_instance_changelist"), using))
+        template = "admin/gen_durable/instance/action_all.html"
         context = {**self.admin_site.each_context(request), "opts": self.model._meta, "spec": spec,
                    "action": action, "next": back, "database": using, "other_database": using != database_alias(),
-                   "title": f"{spec['title']}: all matching instances"}
+                   "title": f"{spec['title']}: all matching instances", "run": uuid.uuid4().hex}
         filt, refused = all_matching_filter(request.GET)
         if refused:
             context["refused"] = refused
-            return TemplateResponse(request, "admin/gen_durable/instance/action_all.html", context)
+            return TemplateResponse(request, template, context)
         statuses = bulk.window_statuses(action, filt.get("status"))
         form = spec["form"](request.POST if request.method == "POST" else None)
         form.fields["reason"].widget.attrs["size"] = 60
@@ -576,22 +593,62 @@ class InstanceAdmin(admin.ModelAdmin):
                                                "admin log entry per run (the admin's recent actions).")
         context.update(form=form, bulk_filter=filt, filter_text=filter_text(filt) or "no filter: every instance",
                        statuses=statuses, per_request=f"{ALL_BATCH * ALL_BATCHES_PER_REQUEST:,}",
-                       batch=f"{ALL_BATCH:,}")
-        if request.method == "POST" and form.is_valid():
-            after, top = _int_or_none(request.POST.get("after")), _int_or_none(request.POST.get("top"))
-            data = form.cleaned_data
-            try:
-                result = bulk.run_window(action, status=filt.get("status"), queue=filt.get("queue"),
-                                         machine=filt.get("machine"), reason=data.get("reason") if action == "cancel"
-                                         else None, to_queue=data.get("to_queue"), batch=ALL_BATCH,
-                                         after=after, top=top, max_batches=ALL_BATCHES_PER_REQUEST, using=using)
-            except InvalidInput as exc:
-                form.add_error(None, str(exc))
-            else:
-                audit_all_matching(request, action, filt, data, result)
-                context.update(result=result, command=bulk_command(action, filt, data, using),
-                               done=f"{result.done:,}", skipped=f"{result.skipped:,}", scanned=f"{result.scanned:,}")
-                return TemplateResponse(request, "admin/gen_durable/instance/action_all.html", context)
+                       batch=f"{ALL_BATCH:,}", able=bulk.actionable_statuses(action))
+        source = request.POST if request.method == "POST" else request.GET
+        try:
+            after, top = continue_state(source)
+        except ValueError as exc:
+            # A tampered or truncated Continue: never guess where to resume (a restart
+            # would act again on rows the earlier runs did).
+            context.update(bad_continue=str(exc), count="0")
+            return TemplateResponse(request, template, context, status=400)
+        if not statuses:
+            # e.g. retry on status=executing: nothing of it can be acted on.
+            context.update(inert=filt["status"], count="0")
+            return TemplateResponse(request, template, context, status=400 if request.method == "POST" else 200)
+        results = request.session.get(SESSION_RESULTS, {})
+        if request.method == "GET" and request.GET.get("run"):
+            return self._all_matching_result(request, context, results.get(request.GET["run"]), after, top)
+        if request.method == "POST":
+            token = request.POST.get("run") or ""
+            if token in results:  # the same form sent again: show what it did, do nothing
+                self.message_user(request, "That run has already been done; nothing was acted on again.",
+                                  messages.WARNING)
+                return HttpResponseRedirect(self._result_url(request, using, token, results[token]))
+            if form.is_valid():
+                data = form.cleaned_data
+                result, error = bulk.BulkResult(), None
+                try:
+                    bulk.run_window(action, status=filt.get("status"), queue=filt.get("queue"),
+                                    machine=filt.get("machine"),
+                                    reason=data.get("reason") if action == "cancel" else None,
+                                    to_queue=data.get("to_queue"), batch=ALL_BATCH, after=after, top=top,
+                                    max_batches=ALL_BATCHES_PER_REQUEST, using=using, result=result)
+                except InvalidInput as exc:
+                    form.add_error(None, str(exc))
+                except Exception as exc:
+                    # Rows changed before the error stay changed (each committed on its
+                    # own): the summary says how many, and that the run was interrupted.
+                    error = exc
+                    audit_all_matching(request, action, filt, data, result, using, error=exc)
+                    if not isinstance(exc, DatabaseError):
+                        raise
+                    self.message_user(request, f"The run was interrupted by a database error after "
+                                               f"{result.done:,} done, {result.skipped:,} skipped: {exc}. "
+                                               "Continue to carry on from where it stopped.", messages.ERROR)
+                else:
+                    audit_all_matching(request, action, filt, data, result, using)
+                if error is not None or not form.errors:
+                    token = token or uuid.uuid4().hex
+                    stored = {"done": result.done, "skipped": result.skipped, "scanned": result.scanned,
+                              "reasons": result.reasons, "after": result.after, "top": result.top,
+                              "finished": result.finished and error is None,
+                              "error": None if error is None else str(error)[:500],
+                              "data": {k: v for k, v in request.POST.items() if k in form.fields}}
+                    results = {k: v for k, v in results.items() if k != token}
+                    results[token] = stored
+                    request.session[SESSION_RESULTS] = dict(list(results.items())[-ALL_RESULTS_KEPT:])
+                    return HttpResponseRedirect(self._result_url(request, using, token, stored))
         qs = Instance.objects.using(using).filter(status__in=statuses)
         if filt.get("queue"):
             qs = qs.filter(queue=filt["queue"])
@@ -601,6 +658,36 @@ class InstanceAdmin(admin.ModelAdmin):
         n = counter.count
         context.update(count=f"{n:,}", count_estimated=counter.estimated, cap=f"{CAP:,}",
                        command=bulk_command(action, filt, form.data if form.is_bound else {}, using))
+        return TemplateResponse(request, template, context)
+
+    @staticmethod
+    def _result_url(request, using, token, stored) -> str:
+        """The result page of run `token`: the same filter, ?run=TOKEN and, unless the walk
+        finished, where to continue (after, top)."""
+        query = request.GET.copy()
+        for key in ALL_RESULT:
+            query.pop(key, None)
+        query["run"] = token
+        if not stored["finished"] and stored["top"]:  # (an error before the walk started: none)
+            query["after"], query["top"] = str(stored["after"]), str(stored["top"])
+        if using != database_alias():
+            query["database"] = using
+        return request.path + "?" + query.urlencode()
+
+    def _all_matching_result(self, request, context, stored, after, top):
+        """The result page of one run (GET: acts on nothing). Its counts come from the
+        session; where to continue comes from the URL."""
+        spec = ACTIONS[context["action"]]
+        finished = after is None
+        result = {"after": after if not finished else (stored or {}).get("after"), "top": top,
+                  "finished": finished, "reasons": (stored or {}).get("reasons", []),
+                  "error": (stored or {}).get("error"), "kept": stored is not None}
+        form = spec["form"]((stored or {}).get("data") or None)
+        context.update(result=result, form=form, run=uuid.uuid4().hex,
+                       command=bulk_command(context["action"], context["bulk_filter"], (stored or {}).get("data", {}),
+                                            context["database"]),
+                       done=f"{(stored or {}).get('done', 0):,}", skipped=f"{(stored or {}).get('skipped', 0):,}",
+                       scanned=f"{(stored or {}).get('scanned', 0):,}")
         return TemplateResponse(request, "admin/gen_durable/instance/action_all.html", context)
 
     def _apply(self, request, action, ids, data):
@@ -633,7 +720,7 @@ class InstanceAdmin(admin.ModelAdmin):
             except GenDurableError as exc:
                 skipped.append(f"#{id_} ({exc})")
         if done:
-            audit_instances(request, done, audit_message(action, data))
+            audit_instances(request, done, audit_message(action, data), using)
             shown = ", ".join(f"#{i}" for i in done[:20]) + (" …" if len(done) > 20 else "")
             count = f"{len(done)} instance{'s' if len(done) != 1 else ''} ({shown})"
             if action == "signal":
@@ -648,11 +735,27 @@ class InstanceAdmin(admin.ModelAdmin):
                               + (" …" if len(skipped) > 20 else ""), messages.WARNING)
 
 
-def _int_or_none(value):
-    try:
-        return int(value) if value not in (None, "") else None
-    except ValueError:
-        return None
+SESSION_RESULTS = "gen_durable_all_matching"  # session key: the last runs' results
+_WHOLE = re.compile(r"[0-9]{1,40}")  # then range-checked
+
+
+def continue_state(values) -> tuple[int | None, int | None]:
+    """(after, top) of a Continue (POST body or result page URL), (None, None) for a new
+    run. ValueError, saying what is wrong, for one without the other, a value that is not
+    a whole number, or one out of range (after > top, past the bigint ids)."""
+    raw_after, raw_top = values.get("after") or "", values.get("top") or ""
+    if not raw_after and not raw_top:
+        return None, None
+    if not raw_after or not raw_top:
+        raise ValueError("a Continue needs both after and top (where the last run stopped); start again from "
+                         "the list")
+    if not (_WHOLE.fullmatch(raw_after) and _WHOLE.fullmatch(raw_top)):
+        raise ValueError(f"after={raw_after[:30]!r}, top={raw_top[:30]!r}: not ids; start again from the list")
+    after, top = int(raw_after), int(raw_top)
+    if not after <= top < BIGINT - bulk.WINDOW:
+        raise ValueError(f"after={after}, top={top}: out of range (after must be at most top, top an id); "
+                         "start again from the list")
+    return after, top
 
 
 def all_matching_filter(query) -> tuple[dict, list[str]]:
@@ -668,7 +771,7 @@ def all_matching_filter(query) -> tuple[dict, list[str]]:
         elif key == "q":
             if value.strip():
                 refused.append(f"the search {value.strip()!r}")
-        elif key not in ALL_IGNORED and key != "next":
+        elif key not in ALL_IGNORED and key not in ALL_RESULT and key != "next":
             refused.append(f"the filter {key}={value!r}")
     if filt.get("status") and filt["status"] not in Status.values:
         refused.append(f"the status {filt['status']!r} (not one of {', '.join(Status.values)})")
@@ -718,33 +821,41 @@ def audit_message(action: str, data: dict) -> str:
     return f"{what}; reason: {reason}" if reason else f"{what}; no reason given"
 
 
-def audit_instances(request, ids, message) -> None:
+def audit_instances(request, ids, message, using=None) -> None:
     """One LogEntry (action CHANGE) per instance an admin action changed, written in one
     INSERT: who (request.user), when (action_time), what and why (message); shown on the
-    instance's History page and in the admin's recent actions."""
+    instance's History page and in the admin's recent actions. The rows are read from
+    `using`, the database they were changed in (default GEN_DURABLE['DATABASE']): another
+    database's row with the same id is another instance."""
     from django.contrib.admin.models import CHANGE, LogEntry
     from django.contrib.contenttypes.models import ContentType
 
     content_type = ContentType.objects.get_for_model(Instance)
-    rows = Instance.objects.using(database_alias()).filter(id__in=ids).only("id", "fsm", "step", "status")
+    rows = Instance.objects.using(using or database_alias()).filter(id__in=ids).only("id", "fsm", "step", "status")
     LogEntry.objects.bulk_create([
         LogEntry(user_id=request.user.pk, content_type=content_type, object_id=str(row.id),
                  object_repr=str(row)[:200], action_flag=CHANGE, change_message=message)
         for row in rows])
 
 
-def audit_all_matching(request, action, filt, data, result) -> None:
+def audit_all_matching(request, action, filt, data, result, using=None, error=None) -> None:
     """One LogEntry for one run of an "all matching" action: who, when, what (the
-    filter, the id range walked, done/skipped counts) and why. It has no object id (it
-    names many), so it shows in the admin's recent actions, not on an instance's History."""
+    filter, the database unless the default, the id range walked, done/skipped counts) and
+    why; `error`: the run stopped on it part-way ("interrupted: ..."). It has no object id
+    (it names many), so it shows in the admin's recent actions, not on an instance's History."""
     from django.contrib.admin.models import CHANGE, LogEntry
     from django.contrib.contenttypes.models import ContentType
 
     what = audit_message(action, data).replace("(admin action)", "(admin action, all matching)", 1)
     scope = filter_text(filt) or "no filter"
-    ids = f"ids {result.start}..{result.after}" + ("" if result.finished else f" of ..{result.top}")
+    if using and using != database_alias():
+        scope += f"; database: {using}"
+    finished = result.finished and error is None
+    ids = f"ids {result.start}..{result.after}" + ("" if finished else f" of ..{result.top}")
     message = (f"{what}; filter: {scope}; {ids}; {result.done:,} done, {result.skipped:,} skipped of "
-               f"{result.scanned:,} matched" + ("" if result.finished else "; not finished"))
+               f"{result.scanned:,} matched" + ("" if finished else "; not finished"))
+    if error is not None:
+        message += f"; interrupted: {type(error).__name__}: {error}"[:1000]
     LogEntry.objects.create(
         user_id=request.user.pk, content_type=ContentType.objects.get_for_model(Instance), object_id=None,
         object_repr=f"all matching: {scope}"[:200], action_flag=CHANGE, change_message=message)

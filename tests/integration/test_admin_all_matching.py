@@ -61,12 +61,12 @@ def test_retry_all_matching_more_than_max_action_rows_and_continue(admin_client,
     url = _all("retry", status="failed", queue=queue_name)
     confirm = admin_client.get(url).content.decode()
     assert f'id="gd-all-count">{N:,}<' in confirm  # exact below the paginator's CAP
-    first = admin_client.post(url, {"reason": "smtp back"}).content.decode()
+    first = admin_client.post(url, {"reason": "smtp back"}, follow=True).content.decode()
     assert "1,000 done, 0 skipped of 1,000 matched" in first and 'id="gd-continue"' in first
     assert Instance.objects.filter(queue=queue_name, status="runnable").count() == 1000
     after = first.split('name="after" value="')[1].split('"')[0]
     top = first.split('name="top" value="')[1].split('"')[0]
-    second = admin_client.post(url, {"reason": "smtp back", "after": after, "top": top}).content.decode()
+    second = admin_client.post(url, {"reason": "smtp back", "after": after, "top": top}, follow=True).content.decode()
     assert 'id="gd-all-finished"' in second
     assert Instance.objects.filter(queue=queue_name, status="failed").count() == 0
     assert Instance.objects.filter(queue=queue_name, status="runnable").count() == N
@@ -87,9 +87,9 @@ def test_cancel_all_matching_needs_a_reason_and_stores_it(admin_client, queue_na
     _rows(N, queue=queue_name, status="runnable")
     _rows(4, queue=queue_name, status="done")  # cancel acts on live rows only
     url = _all("cancel", queue=queue_name)
-    assert "This field is required" in admin_client.post(url, {"reason": ""}).content.decode()
+    assert "This field is required" in admin_client.post(url, {"reason": ""}, follow=True).content.decode()
     assert Instance.objects.filter(queue=queue_name, status="runnable").count() == N
-    page = admin_client.post(url, {"reason": "bad deploy"}).content.decode()
+    page = admin_client.post(url, {"reason": "bad deploy"}, follow=True).content.decode()
     assert f"{N:,} done, 0 skipped of {N:,} matched" in page and 'id="gd-all-finished"' in page
     assert Instance.objects.filter(queue=queue_name, status="failed", last_error="bad deploy").count() == N
     assert Instance.objects.filter(queue=queue_name, status="done").count() == 4
@@ -102,10 +102,10 @@ def test_move_all_matching_validates_the_target_queue(admin_client, queue_name):
     _rows(N, queue=queue_name, status="runnable")
     executing = _rows(2, queue=queue_name, status="executing", locked_by="w")
     url = _all("move", queue=queue_name)
-    typo = admin_client.post(url, {"to_queue": "emial"}).content.decode()
+    typo = admin_client.post(url, {"to_queue": "emial"}, follow=True).content.decode()
     assert "queue &#x27;emial&#x27; is not declared" in typo and "did you mean" in typo
     assert _summaries() == []
-    page = admin_client.post(url, {"to_queue": queue_name + "_slow", "reason": "overloaded"}).content.decode()
+    page = admin_client.post(url, {"to_queue": queue_name + "_slow", "reason": "overloaded"}, follow=True).content.decode()
     assert f"{N:,} done" in page
     assert Instance.objects.filter(queue=queue_name + "_slow").count() == N
     assert Instance.objects.filter(id__in=[e.id for e in executing], queue=queue_name).count() == 2
@@ -202,5 +202,144 @@ def test_retry_without_a_status_filter_takes_the_retryable_statuses(admin_client
     assert "failed, awaiting_signal, runnable" in confirm and 'id="gd-all-count">2<' in confirm
     assert (f"durable_bulk retry --queue {queue_name} --status failed --status awaiting_signal "
             "--status runnable") in confirm
-    page = admin_client.post(url, {"reason": ""}).content.decode()
+    page = admin_client.post(url, {"reason": ""}, follow=True).content.decode()
     assert "2 done, 0 skipped of 2 matched" in page
+
+
+def _result(page):
+    return page.split('id="gd-all-result">')[1].split("</td>")[0]
+
+
+def test_next_off_site_is_not_followed_by_the_back_links(admin_client, queue_name):
+    _rows(1, queue=queue_name, status="failed")
+    for evil in ("//evil.example/x", "https://evil.example/x", "/\\evil.example/x"):
+        page = admin_client.get(_all("cancel", queue=queue_name, next=evil)).content.decode()
+        assert f'href="{evil}"' not in page
+        assert f'href="{CHANGELIST}"' in page  # the list instead
+    page = admin_client.get(_all("cancel", queue=queue_name, next=f"{CHANGELIST}?queue={queue_name}")).content.decode()
+    assert f'href="{CHANGELIST}?queue={queue_name}"' in page  # a path on this site is kept
+
+
+@pytest.mark.parametrize("after, top, why", [
+    (str(2**70), str(2**70 + 5), "out of range"),
+    ("abc", "TOP", "not ids"),
+    ("-1", "TOP", "not ids"),
+    ("", "TOP", "needs both"),
+    ("5", "", "needs both"),
+    ("TOP", "5", "out of range"),  # after past top
+])
+def test_a_tampered_continue_is_refused_and_acts_on_nothing(admin_client, queue_name, monkeypatch, after, top, why):
+    monkeypatch.setattr(site, "ALL_BATCHES_PER_REQUEST", 1)
+    _rows(1500, queue=queue_name, status="failed")
+    url = _all("retry", status="failed", queue=queue_name)
+    first = admin_client.post(url, {}, follow=True).content.decode()
+    real_top = first.split('name="top" value="')[1].split('"')[0]
+    Instance.objects.filter(queue=queue_name, status="runnable").update(status="failed")  # they failed again
+    response = admin_client.post(url, {"after": after.replace("TOP", real_top), "top": top.replace("TOP", real_top)})
+    assert response.status_code == 400
+    page = response.content.decode()
+    assert 'id="gd-bad-continue"' in page and why in page
+    assert Instance.objects.filter(queue=queue_name, status="failed").count() == 1500  # nothing retried
+    assert len(_summaries()) == 1  # the first run only
+
+
+def test_the_result_page_is_reached_by_a_redirect_and_a_reload_acts_on_nothing(admin_client, queue_name, monkeypatch):
+    monkeypatch.setattr(site, "ALL_BATCHES_PER_REQUEST", 1)
+    _rows(1200, queue=queue_name, status="failed")
+    url = _all("retry", status="failed", queue=queue_name)
+    confirm = admin_client.get(url).content.decode()
+    token = confirm.split('name="run" value="')[1].split('"')[0]
+    response = admin_client.post(url, {"reason": "r", "run": token})
+    assert response.status_code == 302
+    location = response["Location"]
+    assert f"run={token}" in location and "after=" in location and "top=" in location  # the Continue state
+    Instance.objects.filter(queue=queue_name).update(status="failed")  # they failed again
+    for _reload in range(2):
+        page = admin_client.get(location).content.decode()
+        assert "1,000 done, 0 skipped of 1,000 matched" in _result(page) and 'id="gd-continue"' in page
+    # the first form sent again (a browser's "resend"): shown, not run
+    again = admin_client.post(url, {"reason": "r", "run": token}, follow=True).content.decode()
+    assert "already been done" in again
+    assert Instance.objects.filter(queue=queue_name, status="failed").count() == 1200
+    assert len(_summaries()) == 1
+    # Continue from the result page: its own token, the rest of the rows
+    after = page.split('name="after" value="')[1].split('"')[0]
+    top = page.split('name="top" value="')[1].split('"')[0]
+    next_token = page.split('name="run" value="')[1].split('"')[0]
+    assert next_token != token
+    done = admin_client.post(location, {"reason": "r", "after": after, "top": top, "run": next_token}, follow=True)
+    assert 'id="gd-all-finished"' in done.content.decode()
+    assert Instance.objects.filter(queue=queue_name, status="runnable").count() == 200
+    assert len(_summaries()) == 2
+
+
+@pytest.mark.parametrize("action, status", [("retry", "executing"), ("retry", "done"), ("retry", "awaiting_children"),
+                                            ("move", "executing"), ("move", "done"), ("cancel", "done"),
+                                            ("cancel", "failed")])
+def test_a_status_the_action_cannot_act_on_is_said_plainly_and_counts_0(admin_client, queue_name, action, status):
+    _rows(4, queue=queue_name, status=status)
+    url = _all(action, status=status, queue=queue_name)
+    page = admin_client.get(url).content.decode()
+    assert 'id="gd-all-count">0<' in page
+    assert f"This action does nothing to {status} rows" in page and 'id="gd-confirm"' not in page
+    assert f"<td>{status}</td>" not in page  # not listed as a status acted on
+    response = admin_client.post(url, {"reason": "x", "to_queue": queue_name + "_b"})
+    assert response.status_code == 400
+    assert Instance.objects.filter(queue=queue_name, status=status).count() == 4
+    assert _summaries() == []
+
+
+def test_a_gap_in_the_id_space_is_jumped_over_in_one_run(admin_client, queue_name):
+    base = 10**12  # an old parked row, then (after rows since deleted) the matching ones 3,000,000 ids later
+    Instance.objects.bulk_create([InstanceFactory.build(id=base, queue=queue_name + "_old", status="awaiting_signal")])
+    Instance.objects.bulk_create([InstanceFactory.build(id=base + 3_000_000 + i, queue=queue_name, status="failed")
+                                  for i in range(10)])
+    url = _all("retry", status="failed", queue=queue_name)
+    with CaptureQueriesContext(connection) as captured:
+        page = admin_client.post(url, {}, follow=True).content.decode()
+    assert "10 done, 0 skipped of 10 matched" in _result(page) and 'id="gd-all-finished"' in page
+    assert Instance.objects.filter(queue=queue_name, status="runnable").count() == 10
+    statements = _gd(captured)
+    # min/max, the empty window after the old row, one jump (bulk_next), the window with the rows
+    assert len([s for s in statements if "bulk_select" in s]) == 2
+    assert len([s for s in statements if "bulk_next" in s]) == 1
+
+
+def test_a_database_error_part_way_still_logs_the_partial_counts(admin_client, queue_name, monkeypatch):
+    from django.db import OperationalError
+
+    from gen_durable import calls
+
+    _rows(10, queue=queue_name, status="runnable")
+    real, seen = calls.cancel, []
+
+    def times_out_on_the_sixth(id_, reason, using=None):
+        seen.append(id_)
+        if len(seen) == 6:
+            raise OperationalError("canceling statement due to statement timeout")
+        return real(id_, reason, using=using)
+
+    monkeypatch.setattr(calls, "cancel", times_out_on_the_sixth)
+    response = admin_client.post(_all("cancel", queue=queue_name), {"reason": "bad deploy"}, follow=True)
+    assert response.status_code == 200
+    assert Instance.objects.filter(queue=queue_name, status="failed", last_error="bad deploy").count() == 5
+    (entry,) = _summaries()
+    assert "5 done, 0 skipped of 10 matched; not finished; interrupted: OperationalError: canceling statement" \
+        in entry.change_message
+    page = response.content.decode()
+    assert "interrupted by a database error after 5 done" in page  # the admin's error message
+    assert "interrupted: canceling statement" in _result(page)
+    assert 'id="gd-continue"' in page  # carries on from where it stopped
+    monkeypatch.setattr(calls, "cancel", real)
+    after = page.split('name="after" value="')[1].split('"')[0]
+    assert int(after) == seen[5] - 1  # a Continue starts at the row the error stopped on
+
+
+@pytest.mark.django_db(databases=["default", "other"])
+def test_the_summary_names_a_database_that_is_not_the_default(admin_client, queue_name):
+    Instance.objects.using("other").bulk_create(InstanceFactory.build_batch(2, queue=queue_name, status="runnable"))
+    admin_client.post(_all("cancel", queue=queue_name, database="other"), {"reason": "x", "database": "other"})
+    assert Instance.objects.using("other").filter(queue=queue_name, status="failed").count() == 2
+    (entry,) = _summaries()
+    assert f"filter: queue = {queue_name}; database: other; ids " in entry.change_message
+    assert entry.object_repr == f"all matching: queue = {queue_name}; database: other"

@@ -77,3 +77,36 @@ def test_pause_and_resume_in_the_overview_are_logged(admin_client, queue_name):
                   .values_list("change_message", flat=True))
     assert logged == [f"Paused queue '{queue_name}' in the queue overview",
                       f"Resumed queue '{queue_name}' in the queue overview"]
+
+
+@pytest.mark.django_db(databases=["default", "other"])
+def test_an_action_on_another_database_logs_the_rows_it_changed_there(admin_client, queue_name):
+    from tests.factories import InstanceFactory
+
+    x = gd.insert(Plain, queue=queue_name, using="other")
+    # the default database has another instance with the same id (another machine, another step)
+    Instance.objects.using("default").filter(id=x).delete()
+    Instance.objects.using("default").bulk_create([InstanceFactory.build(id=x, queue=queue_name, step="decoy_step")])
+    admin_client.post(_act("cancel", x) + "&database=other", {"ids": str(x), "reason": "dup", "database": "other"})
+    assert Instance.objects.using("other").get(id=x).status == "failed"
+    (entry,) = _entries(x)
+    assert "decoy_step" not in entry.object_repr and "failed" in entry.object_repr, entry.object_repr
+    # and a row only the other database has is logged too
+    y = gd.insert(Plain, queue=queue_name, using="other")
+    Instance.objects.using("default").filter(id=y).delete()
+    Instance.objects.using("other").filter(id=y).update(status="failed")
+    admin_client.post(_act("retry", y) + "&database=other", {"ids": str(y), "database": "other"})
+    assert Instance.objects.using("other").get(id=y).status == "runnable"
+    assert len(_entries(y)) == 1
+
+
+@pytest.mark.parametrize("evil", ["//evil.example/x", "https://evil.example/x", "/\\evil.example/x"])
+def test_next_off_site_is_not_followed(admin_client, queue_name, evil):
+    id_ = gd.insert(Plain, queue=queue_name)
+    response = admin_client.post(_act("cancel", id_), {"ids": str(id_), "reason": "x", "next": evil})
+    assert response.status_code == 302 and response["Location"] == reverse("admin:gen_durable_instance_changelist")
+    page = admin_client.get(_act("cancel", id_) + "&next=" + evil).content.decode()
+    assert f'href="{evil}"' not in page
+    kept = f"{reverse('admin:gen_durable_instance_changelist')}?queue={queue_name}"
+    response = admin_client.post(_act("retry", id_), {"ids": str(id_), "next": kept})
+    assert response["Location"] == kept  # a path on this site is followed
