@@ -221,6 +221,83 @@ def test_two_worker_processes_each_serve_their_own_port(committed, queue_name):
 
 
 # --- misconfiguration ----------------------------------------------------------------
+def _child_pid(parent: int, i: int):
+    """The pid of `rundurable --processes` child `i` of supervisor `parent` (from /proc)."""
+    import os
+
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if f"--child={i}".encode() in argv and f"--parent={parent}".encode() in argv:
+            return int(entry)
+    return None
+
+
+def test_a_restarted_child_whose_metrics_port_was_taken_keeps_running_jobs(committed, queue_name, tmp_path):
+    """kill -9 of child 1, its port taken before the restart: the new child logs the error and
+    runs jobs (child 0 is stopped meanwhile, so only it can), and serves once the port is free."""
+    import os
+
+    port = free_port(2)
+    log = tmp_path / "stderr"
+    with open(log, "w") as err:
+        proc = subprocess.Popen(MANAGE + ["rundurable", "--processes", "2", "--queue", f"{queue_name}=2", "--no-gc",
+                                          "--metrics-port", str(port)], cwd=ROOT, env=child_env(), stderr=err,
+                                text=True)
+    stopped, squatter = None, None
+
+    def up(p):
+        try:
+            return scrape(f"http://127.0.0.1:{p}/metrics")
+        except OSError:
+            return None
+
+    try:
+        wait_until(lambda: up(port) and up(port + 1), timeout=60, what="both children's endpoints")
+        first = _child_pid(proc.pid, 1)
+        os.kill(first, signal.SIGKILL)
+        squatter = wait_until(lambda: _bind(port + 1), timeout=10, what="the dead child's port")
+        second = wait_until(lambda: (pid := _child_pid(proc.pid, 1)) not in (None, first) and pid, timeout=30,
+                            what="child 1 restarted")
+        wait_until(lambda: f"child 1 cannot serve its metrics on port {port + 1}" in log.read_text(), timeout=30,
+                   what="the restarted child's error")
+        stopped = _child_pid(proc.pid, 0)
+        os.kill(stopped, signal.SIGSTOP)  # only the restarted child can run the jobs now
+        ids = gd.insert_all([gd.Spec(Plain, queue=queue_name) for _ in range(20)])
+        wait_until(lambda: Instance.objects.filter(id__in=ids, status="done").count() == 20, timeout=30,
+                   what="the restarted child to run the jobs")
+        assert proc.poll() is None and _child_pid(proc.pid, 1) == second  # nobody gave up, nothing died again
+        os.kill(stopped, signal.SIGCONT)
+        stopped = None
+        squatter.close()
+        squatter = None
+        wait_until(lambda: up(port + 1), timeout=15, what="child 1 to bind its port once it is free")
+    finally:
+        if stopped is not None:
+            os.kill(stopped, signal.SIGCONT)
+        if squatter is not None:
+            squatter.close()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    text = log.read_text()
+    assert proc.returncode == 0, text[-3000:]
+    assert "keeps running jobs without them" in text and "gave up" not in text
+    assert f"serving Prometheus metrics at http://127.0.0.1:{port + 1}/metrics (child 1)" in text.split(
+        "cannot serve its metrics")[1]  # served after the error
+
+
+def _bind(port):
+    try:
+        return socket.create_server(("127.0.0.1", port))
+    except OSError:
+        return None
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--metrics-port", "0"], r"expected a TCP port \(1-65535\), got 0"),
     (["--metrics-port", "65536"], r"expected a TCP port \(1-65535\), got 65536"),

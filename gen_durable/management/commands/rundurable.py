@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 from django.core.management.base import BaseCommand, CommandError
@@ -23,6 +24,9 @@ from gen_durable.worker.supervisor import EXIT_LEFT_WORK
 RESTART_BACKOFF = (1.0, 30.0)
 STABLE_AFTER = 60.0
 MAX_RAPID_DEATHS = 5
+# A child that cannot bind its metrics port (taken while it was restarted) runs on without
+# its endpoint and tries the port again: first wait and its cap (seconds).
+METRICS_RETRY = (1.0, 30.0)
 
 
 # Start-up against a database that is down: first wait and its cap (seconds).
@@ -221,8 +225,14 @@ class Command(BaseCommand):
                                 predecessors=tuple(int(p) for p in predecessors.split(",") if p))
                    for alias in aliases]
         served = None
-        if metrics_port is not None:
-            served = self._serve_metrics(metrics_port + (child or 0), metrics_address, aliases[0], child)
+        if metrics_port is not None and child is None:
+            served = self._serve_metrics(metrics_port, metrics_address, aliases[0], child)
+        elif metrics_port is not None:
+            # The parent checked every port before the first start; a restarted child may
+            # find its port taken meanwhile. Observability never stops job processing: it
+            # logs the error and runs on, binding again later (docs/observability.md).
+            served = ChildMetrics(lambda: self._serve_metrics(metrics_port + child, metrics_address, aliases[0],
+                                                              child), metrics_port + child, child)
         try:
             code = Supervisor(configs[0]).run() if len(configs) == 1 else run_several(configs)
         finally:
@@ -468,3 +478,41 @@ class Command(BaseCommand):
         if EXIT_LEFT_WORK in codes:
             raise CommandError("burst: rows were left that the workers could not run (see the log)",
                                returncode=EXIT_LEFT_WORK)
+
+
+class ChildMetrics:
+    """The metrics endpoint of a `--processes` child: served now if its port binds, else
+    an error logged and the bind tried again in a thread (METRICS_RETRY back-off) while
+    the worker runs on. close() stops the retries and the endpoint."""
+
+    def __init__(self, serve, port: int, child: int):
+        self._serve, self._port, self._child = serve, port, child
+        self._stop, self._lock, self.served = threading.Event(), threading.Lock(), None
+        try:
+            self.served = serve()
+        except CommandError as exc:
+            logging.getLogger("gen_durable.worker").error(
+                "child %d cannot serve its metrics on port %d (%s); it keeps running jobs without them and "
+                "tries the port again in %.0fs, then up to every %.0fs", child, port, exc, *METRICS_RETRY)
+            threading.Thread(target=self._retry, name=f"gen_durable-metrics-{port}", daemon=True).start()
+
+    def _retry(self):
+        delay = METRICS_RETRY[0]
+        while not self._stop.wait(delay):
+            try:
+                served = self._serve()
+            except CommandError:
+                delay = min(delay * 2, METRICS_RETRY[1])
+                continue
+            with self._lock:
+                if self._stop.is_set():
+                    served.close()
+                else:
+                    self.served = served
+            return
+
+    def close(self):
+        with self._lock:
+            self._stop.set()
+            if self.served is not None:
+                self.served.close()
