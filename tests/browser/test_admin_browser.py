@@ -267,6 +267,13 @@ class AdminInBrowser(StaticLiveServerTestCase):
         assert Instance.objects.filter(queue=queue, status="runnable", fsm="shop.SendReceipt").count() == 70
         entry = LogEntry.objects.get(user__username="operator3")
         assert entry.change_message.startswith("Retried now (admin action, all matching); reason: SMTP relay back")
+        # the result page was reached by a redirect: a reload shows it again and does nothing
+        assert "run=" in b.current_url
+        Instance.objects.filter(queue=queue, fsm="shop.SendReceipt").update(status="failed")
+        b.refresh()
+        assert self.wait_for("#gd-all-result").text.startswith("70 done, 0 skipped of 70 matched")
+        assert Instance.objects.filter(queue=queue, status="failed", fsm="shop.SendReceipt").count() == 70
+        assert LogEntry.objects.filter(user__username="operator3").count() == 1
 
     def test_the_timeline_of_a_machine(self):
         """A machine run by a worker — an inline step, a handled error retried, an Await,
