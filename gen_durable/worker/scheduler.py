@@ -88,8 +88,8 @@ PREFETCH_MAX = 500
 # ends lean mode; a window of slower steps too (every thread is woken again).
 QUICK_STEP = 0.0001
 LEAN_SHARE = 0.9
-LEAN_ESCAPE = 0.002
-LEAN_RECHECK = 0.005
+LEAN_ESCAPE = 0.02
+LEAN_RECHECK = 0.01
 # Seconds stop() waits for cancelled async steps to finish their cancellation; one that
 # takes longer (it catches CancelledError and goes on) is handed back like a running step.
 CANCEL_SETTLE = 1.0
@@ -155,6 +155,7 @@ class Scheduler:
         self.lean = False  # short steps: one step thread takes the rows (QUICK_STEP, `_adapt`)
         self._quick_mark = 0  # quick steps ended by the last window's reading
         self._sentinel = None  # the parked step thread that looks for a stuck one (lean mode)
+        self._working: dict = {}  # step thread -> when it took the row it works on (lean mode)
         self.flush_allowance = settings.FLUSH["MAX_BATCH"]
         # healthy() is False while the heartbeat has failed for a whole lease: the rows we
         # hold may have been reaped, so no new step starts until it succeeds again.
@@ -479,6 +480,9 @@ class Scheduler:
         else:
             return  # nothing ran: keep what the last steps said
         if lean != self.lean:
+            logger.debug("queue %s: %s (%d of %d steps in the window under %.0f µs)", self.queue,
+                         "one step thread takes the rows" if lean else "every step thread takes rows",
+                         quick, ended, QUICK_STEP * 1e6)
             with self._lock:
                 self.lean = lean
                 if not lean:
@@ -637,6 +641,7 @@ class Scheduler:
         try:
             while True:
                 with self._lock:
+                    self._working.pop(me, None)
                     freed, owed = owed, False
                     if freed:
                         self.running -= 1
@@ -676,6 +681,7 @@ class Scheduler:
                     task = job if isinstance(job, TimedOut) else None
                     job = task.job if task else job
                     self._take_locked(job)
+                    self._working[me] = time.monotonic()
                     run = self._runs[me] = Run(job, handling=task is not None)
                     if not self.buffer:
                         self._wake.set()  # the buffer ran dry: claim the next batch meanwhile
@@ -705,6 +711,7 @@ class Scheduler:
                     with self._lock:
                         self.stuck -= 1
                         self._runs.pop(me, None)
+                        self._working.pop(me, None)
                     break
                 except BaseException as exc:
                     # execute() guards the step itself: this is an engine fault. The instance
@@ -754,6 +761,7 @@ class Scheduler:
                 if owed:
                     self.running -= 1
                 self._runs.pop(me, None)
+                self._working.pop(me, None)
                 self._threads -= 1
                 self._dispatch_locked()
         # Persistent connections (CONN_MAX_AGE) of this thread would outlive it.
@@ -761,12 +769,13 @@ class Scheduler:
 
     def _may_take(self, me) -> bool:
         """Whether step thread `me` may take a buffered row (lock held): always, but in lean
-        mode only when no other thread is in a step begun under LEAN_ESCAPE s ago — that
-        one takes the next row itself when its quick step ends."""
+        mode only when no other thread took its row under LEAN_ESCAPE s ago and works on
+        it still (its step, or the hand-over after it) — that one takes the next row
+        itself when it is done."""
         if not self.lean:
             return True
         since = time.monotonic() - LEAN_ESCAPE
-        return not any(r.active and r.started > since for t, r in self._runs.items() if t is not me)
+        return not any(took > since for t, took in self._working.items() if t is not me)
 
     @staticmethod
     def _release_idle():

@@ -260,18 +260,16 @@ def test_a_lean_dispatch_wakes_one_parked_thread_when_none_is_awake_or_none_watc
         assert started == [] and sch._lock.notified == [1]
 
 
-def test_a_lean_thread_takes_a_row_only_when_no_other_is_in_a_quick_step():
+def test_a_lean_thread_takes_a_row_only_when_no_other_works_on_a_quick_one():
     from gen_durable.worker import scheduler as mod
 
     sch = scheduler(concurrency=4)
-    busy = mod.Run(SimpleNamespace(id=1))
-    busy.active, busy.started = True, time.monotonic()
-    sch._runs = {"other": busy, "me": mod.Run(SimpleNamespace(id=2))}
+    sch._working = {"other": time.monotonic()}  # took its row just now
     assert sch._may_take("me")  # not lean: any thread takes rows
     sch.lean = True
-    assert not sch._may_take("me")  # the other thread takes the next row when its step ends
-    assert sch._may_take("other")   # its own run does not hold a thread back
-    busy.started -= mod.LEAN_ESCAPE * 2
-    assert sch._may_take("me")      # a step running that long may wait on I/O: take rows beside it
-    busy.started, busy.active = time.monotonic(), False
-    assert sch._may_take("me")      # between two steps
+    assert not sch._may_take("me")  # the other thread takes the next row when it is done
+    assert sch._may_take("other")   # its own row does not hold a thread back
+    sch._working["other"] -= mod.LEAN_ESCAPE * 2
+    assert sch._may_take("me")      # working on one row that long, it may wait on I/O: take rows beside it
+    del sch._working["other"]
+    assert sch._may_take("me")      # back at the buffer (or gone)
