@@ -82,10 +82,12 @@ PREFETCH_MAX = 500
 # under QUICK_STEP s (no-op and compute-only steps: no I/O wait in them), one step thread
 # drains the buffer and the others stay parked: in CPython more threads on such steps
 # only contend for the GIL and the scheduler's lock (docs/performance.md, "The
-# defaults"). A parked thread still takes a row once every step thread that holds one has
-# been in its step LEAN_ESCAPE s (it may be waiting on I/O after all): one parked thread
-# (the sentinel) looks every LEAN_RECHECK s. A window in which steps ran and none ended
-# ends lean mode; a window of slower steps too (every thread is woken again).
+# defaults"). A parked thread still takes a row once every thread working on one took it
+# LEAN_ESCAPE s ago or more (its step may wait on I/O after all; counted from the take, so
+# a thread that only waits for the GIL between two quick steps — the feeder and flusher
+# hold it for milliseconds — is not taken for stuck): one parked thread (the sentinel)
+# looks every LEAN_RECHECK s. A window in which steps ran and none ended ends lean mode; a
+# window of slower steps too (every thread is woken again).
 QUICK_STEP = 0.0001
 LEAN_SHARE = 0.9
 LEAN_ESCAPE = 0.02
@@ -148,7 +150,7 @@ class Scheduler:
         self._adaptive_min_demand = settings.MIN_DEMAND is None
         self.prefetch = 0 if self._adaptive_prefetch else settings.PREFETCH
         self.min_demand = 1 if self._adaptive_min_demand else min(settings.MIN_DEMAND, concurrency + self.prefetch)
-        self.step_rate = 0.0  # steps/s settled, smoothed over PREFETCH_WINDOW windows (adaptive only)
+        self.step_rate = 0.0  # steps/s the slots can run, smoothed over PREFETCH_WINDOW windows
         self._rate_mark = (time.monotonic(), 0, 0.0, 0)  # (when, completed, step seconds, steps timed)
         self._async_busy, self._async_timed = 0.0, 0  # async steps' seconds and count (under _lock)
         self._thread_busy: dict = {}  # step thread -> (seconds in steps, steps ended, quick ones): its own writes
@@ -435,7 +437,8 @@ class Scheduler:
         1), so claims come in batches while the buffer still holds three quarters of its
         rows: no step thread waits for a claim, and without claim-ahead a free slot is
         filled at once. The first reading comes as soon as `concurrency` steps ended.
-        Fixed settings are left alone.
+        Fixed settings are left alone. Each reading also decides lean mode (`_set_lean`);
+        in it the rate is one thread's.
         """
         then, done, busy0, timed0 = self._rate_mark
         busy, timed, quick = self._busy()
