@@ -78,20 +78,6 @@ PREFETCH_WINDOW = 0.1
 HAND_BACK_AFTER = 1.0
 PREFETCH_HORIZON = 0.04
 PREFETCH_MAX = 500
-# Lean step threads: when at least LEAN_SHARE of the steps that ended in a window took
-# under QUICK_STEP s (no-op and compute-only steps: no I/O wait in them), one step thread
-# drains the buffer and the others stay parked: in CPython more threads on such steps
-# only contend for the GIL and the scheduler's lock (docs/performance.md, "The
-# defaults"). A parked thread still takes a row once every thread working on one took it
-# LEAN_ESCAPE s ago or more (its step may wait on I/O after all; counted from the take, so
-# a thread that only waits for the GIL between two quick steps — the feeder and flusher
-# hold it for milliseconds — is not taken for stuck): one parked thread (the sentinel)
-# looks every LEAN_RECHECK s. A window in which steps ran and none ended ends lean mode; a
-# window of slower steps too (every thread is woken again).
-QUICK_STEP = 0.0001
-LEAN_SHARE = 0.9
-LEAN_ESCAPE = 0.02
-LEAN_RECHECK = 0.01
 # Seconds stop() waits for cancelled async steps to finish their cancellation; one that
 # takes longer (it catches CancelledError and goes on) is handed back like a running step.
 CANCEL_SETTLE = 1.0
@@ -150,14 +136,10 @@ class Scheduler:
         self._adaptive_min_demand = settings.MIN_DEMAND is None
         self.prefetch = 0 if self._adaptive_prefetch else settings.PREFETCH
         self.min_demand = 1 if self._adaptive_min_demand else min(settings.MIN_DEMAND, concurrency + self.prefetch)
-        self.step_rate = 0.0  # steps/s the slots can run, smoothed over PREFETCH_WINDOW windows
+        self.step_rate = 0.0  # steps/s settled, smoothed over PREFETCH_WINDOW windows (adaptive only)
         self._rate_mark = (time.monotonic(), 0, 0.0, 0)  # (when, completed, step seconds, steps timed)
         self._async_busy, self._async_timed = 0.0, 0  # async steps' seconds and count (under _lock)
-        self._thread_busy: dict = {}  # step thread -> (seconds in steps, steps ended, quick ones): its own writes
-        self.lean = False  # short steps: one step thread takes the rows (QUICK_STEP, `_adapt`)
-        self._quick_mark = 0  # quick steps ended by the last window's reading
-        self._sentinel = None  # the parked step thread that looks for a stuck one (lean mode)
-        self._working: dict = {}  # step thread -> when it took the row it works on (lean mode)
+        self._thread_busy: dict = {}  # step thread -> (seconds in steps, steps ended): its own writes
         self.flush_allowance = settings.FLUSH["MAX_BATCH"]
         # healthy() is False while the heartbeat has failed for a whole lease: the rows we
         # hold may have been reaped, so no new step starts until it succeeds again.
@@ -437,22 +419,17 @@ class Scheduler:
         1), so claims come in batches while the buffer still holds three quarters of its
         rows: no step thread waits for a claim, and without claim-ahead a free slot is
         filled at once. The first reading comes as soon as `concurrency` steps ended.
-        Fixed settings are left alone. Each reading also decides lean mode (`_set_lean`);
-        in it the rate is one thread's.
+        Fixed settings are left alone.
         """
         then, done, busy0, timed0 = self._rate_mark
-        busy, timed, quick = self._busy()
+        busy, timed = self._busy()
         first = self.step_rate == 0 and timed - timed0 >= self.concurrency
         if now - then < PREFETCH_WINDOW and not first:
             return
         self._rate_mark = (now, self.completed, busy, timed)
-        quick0, self._quick_mark = self._quick_mark, quick
-        self._set_lean(timed - timed0, quick - quick0)
         rate = (self.completed - done) / max(now - then, 1e-6)
         if timed > timed0:
-            # Lean, one thread runs the steps: claim ahead what it runs, not ten threads.
-            parallel = 1 if self.lean else self.concurrency
-            rate = max(rate, parallel * (timed - timed0) / max(busy - busy0, 1e-6))
+            rate = max(rate, self.concurrency * (timed - timed0) / max(busy - busy0, 1e-6))
         # Smoothed, but a rising rate is followed at once: the buffer that lets it rise
         # must not lag it by several windows.
         self.step_rate = rate if rate > self.step_rate else (self.step_rate + rate) / 2
@@ -461,42 +438,19 @@ class Scheduler:
         if self._adaptive_min_demand:
             self.min_demand = max(1, self.prefetch // 4)
 
-    def _busy(self) -> tuple[float, int, int]:
-        """(seconds, count, quick ones) of the steps that ended on this queue, threads and
-        async (an async step never counts as quick: it runs on no step thread)."""
+    def _busy(self) -> tuple[float, int]:
+        """(seconds, count) of the steps that ended on this queue, threads and async."""
         with self._lock:
             accs = tuple(self._thread_busy.values())
             async_busy, async_timed = self._async_busy, self._async_timed
-        return (sum(a[0] for a in accs) + async_busy, sum(a[1] for a in accs) + async_timed,
-                sum(a[2] for a in accs if len(a) > 2))
-
-    def _set_lean(self, ended: int, quick: int) -> None:
-        """Lean mode from a window's steps (see QUICK_STEP): on when at least LEAN_SHARE of
-        those that ended were quick; off when fewer were, or when steps ran and none ended
-        (they are long). Leaving it wakes the parked threads for the buffered rows."""
-        if self.max_threads <= 1:
-            lean = False
-        elif ended:
-            lean = quick >= LEAN_SHARE * ended
-        elif self.running:
-            lean = False
-        else:
-            return  # nothing ran: keep what the last steps said
-        if lean != self.lean:
-            logger.debug("queue %s: %s (%d of %d steps in the window under %.0f µs)", self.queue,
-                         "one step thread takes the rows" if lean else "every step thread takes rows",
-                         quick, ended, QUICK_STEP * 1e6)
-            with self._lock:
-                self.lean = lean
-                if not lean:
-                    self._dispatch_locked()
+        return sum(a[0] for a in accs) + async_busy, sum(a[1] for a in accs) + async_timed
 
     def run_once(self) -> int:
         """One feeder tick: pick if there is demand, dispatch; return rows claimed."""
         if not self.healthy():
             return 0
-        # Every window: the lean step threads always, the claim-ahead when adaptive.
-        self._adapt(time.monotonic())
+        if self._adaptive_prefetch or self._adaptive_min_demand:
+            self._adapt(time.monotonic())
         if self.buffer:
             self._hand_back(time.monotonic())
         demand = self.demand()
@@ -568,10 +522,6 @@ class Scheduler:
             self.buffer = keep
             self._async_buffered = left
         sync = min(len(self.buffer), free)
-        if sync and self.lean:
-            # One thread takes the rows: wake (or start) one only when none is awake to
-            # take them, or none is parked watching for a step that got stuck.
-            sync = 1 if self._threads == self._idle_threads or self._sentinel is None else 0
         if sync:
             spawn = min(sync - self._idle_threads, self.max_threads - self._threads)
             for _ in range(max(spawn, 0)):
@@ -646,7 +596,6 @@ class Scheduler:
         try:
             while True:
                 with self._lock:
-                    self._working.pop(me, None)
                     freed, owed = owed, False
                     if freed:
                         self.running -= 1
@@ -657,22 +606,10 @@ class Scheduler:
                             self._wake.set()
                     self._idle_threads += 1
                     while not self._stop_steps and not (self.buffer and self.running < self.concurrency
-                                                        and self.healthy() and self._may_take(me)):
-                        wait = 0.5 if self.buffer else STEP_IDLE_RELEASE
-                        if self.lean and self.buffer:
-                            if self._sentinel is None:
-                                self._sentinel = me
-                            if self._sentinel is me:
-                                wait = LEAN_RECHECK
-                        elif self._sentinel is me:
-                            self._sentinel = None  # no rows to watch: the next dispatch wakes one
-                        if not self._lock.wait(wait) and not self.buffer:
+                                                        and self.healthy()):
+                        if not self._lock.wait(0.5 if self.buffer else STEP_IDLE_RELEASE) and not self.buffer:
                             self._release_idle()
                     self._idle_threads -= 1
-                    if self._sentinel is me:
-                        self._sentinel = None
-                        if self.lean and self.buffer and self._idle_threads:
-                            self._lock.notify()  # another parked thread takes the watch
                     if not self.buffer:  # stopping (timed-out rows' handle() still runs first)
                         self._runs.pop(me, None)
                         self._threads -= 1
@@ -686,7 +623,6 @@ class Scheduler:
                     task = job if isinstance(job, TimedOut) else None
                     job = task.job if task else job
                     self._take_locked(job)
-                    self._working[me] = time.monotonic()
                     run = self._runs[me] = Run(job, handling=task is not None)
                     if not self.buffer:
                         self._wake.set()  # the buffer ran dry: claim the next batch meanwhile
@@ -716,7 +652,6 @@ class Scheduler:
                     with self._lock:
                         self.stuck -= 1
                         self._runs.pop(me, None)
-                        self._working.pop(me, None)
                     break
                 except BaseException as exc:
                     # execute() guards the step itself: this is an engine fault. The instance
@@ -766,21 +701,10 @@ class Scheduler:
                 if owed:
                     self.running -= 1
                 self._runs.pop(me, None)
-                self._working.pop(me, None)
                 self._threads -= 1
                 self._dispatch_locked()
         # Persistent connections (CONN_MAX_AGE) of this thread would outlive it.
         django_connections.close_all()
-
-    def _may_take(self, me) -> bool:
-        """Whether step thread `me` may take a buffered row (lock held): always, but in lean
-        mode only when no other thread took its row under LEAN_ESCAPE s ago and works on
-        it still (its step, or the hand-over after it) — that one takes the next row
-        itself when it is done."""
-        if not self.lean:
-            return True
-        since = time.monotonic() - LEAN_ESCAPE
-        return not any(took > since for t, took in self._working.items() if t is not me)
 
     @staticmethod
     def _release_idle():
@@ -922,9 +846,8 @@ class Scheduler:
             # replaced whole (a reader sees a step's time with its count); a thread's first
             # entry is added under the lock `_busy` reads under.
             me = threading.current_thread()
-            busy, timed, quick = self._thread_busy.get(me, (0.0, 0, 0))
-            took = time.monotonic() - run.started
-            entry = (busy + took, timed + 1, quick + (took < QUICK_STEP))
+            busy, timed = self._thread_busy.get(me, (0.0, 0))
+            entry = (busy + time.monotonic() - run.started, timed + 1)
             if timed:
                 self._thread_busy[me] = entry
             else:

@@ -26,10 +26,9 @@ def window(sch, start, completed, step_seconds=None, length=W * 1.01):
     step thread's record) and settled; returns its end."""
     sch.completed += completed
     if step_seconds is not None and completed:
-        acc = sch._thread_busy.setdefault("thread", [0.0, 0, 0])
+        acc = sch._thread_busy.setdefault("thread", [0.0, 0])
         acc[0] += completed * step_seconds
         acc[1] += completed
-        acc[2] += completed if step_seconds < mod.QUICK_STEP else 0
     end = start + length
     sch._adapt(end)
     return end
@@ -39,43 +38,6 @@ def test_the_defaults_start_without_claim_ahead():
     sch = scheduler()
     assert (sch.prefetch, sch.min_demand) == (0, 1)  # nothing measured: a long-step queue buffers nothing
     assert sch.demand() == 10
-
-
-def test_quick_steps_make_the_threads_lean_and_the_claim_ahead_counts_one_thread():
-    sch = scheduler(concurrency=10)
-    window(sch, 0.0, 100, step_seconds=0.00008)  # 80 µs steps: one thread runs 12,500/s
-    assert sch.lean
-    assert sch.step_rate == pytest.approx(12_500)  # not ten threads' 125,000/s
-    assert sch.prefetch == math.ceil(12_500 * mod.PREFETCH_HORIZON)
-
-
-def test_steps_that_wait_keep_every_thread():
-    sch = scheduler(concurrency=10)
-    t = window(sch, 0.0, 100, step_seconds=0.00005)
-    assert sch.lean
-    window(sch, t, 100, step_seconds=0.001)  # 1 ms steps (a query each): threads overlap them
-    assert not sch.lean
-
-
-def test_a_window_with_steps_running_and_none_ending_leaves_lean_mode():
-    sch = scheduler(concurrency=10)
-    t = window(sch, 0.0, 100, step_seconds=0.00005)
-    sch.running = 1  # a step that does not end: it may wait on I/O; every thread may take rows
-    window(sch, t, 0)
-    assert not sch.lean
-
-
-def test_an_idle_window_keeps_the_last_reading():
-    sch = scheduler(concurrency=10)
-    t = window(sch, 0.0, 100, step_seconds=0.00005)
-    window(sch, t, 0)  # nothing ran
-    assert sch.lean
-
-
-def test_one_thread_queues_are_never_lean():
-    sch = scheduler(concurrency=1)
-    window(sch, 0.0, 100, step_seconds=0.00005)
-    assert not sch.lean
 
 
 def test_short_steps_get_a_deep_buffer_and_batched_claims():

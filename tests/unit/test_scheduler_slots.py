@@ -195,94 +195,13 @@ def test_a_queue_is_young_while_rows_wait_or_a_step_started_within_the_window():
     assert sch.young(1.0)                                  # an async step just started
 
 
-# --- lean step threads (QUICK_STEP): how many threads a dispatch wakes -------------------
-
-class CountingCondition(threading.Condition):
-    def __init__(self):
-        super().__init__()
-        self.notified = []
-
-    def notify(self, n=1):
-        self.notified.append(n)
-        super().notify(n)
-
-
-def dispatching(monkeypatch, concurrency=8, *, lean, threads=0, idle=0, sentinel=None, rows=100):
-    """A scheduler with `threads` step threads (`idle` of them parked) and `rows` buffered;
-    returns it and the threads its dispatch would start (none is started)."""
-    from gen_durable.worker import scheduler as mod
-
-    started = []
-
-    class NotStarted:
-        def __init__(self, **kw):
-            started.append(kw)
-
-        def start(self):
-            pass
-
-    monkeypatch.setattr(mod.threading, "Thread", NotStarted)
-    sch = scheduler(concurrency=concurrency)
-    sch._lock = CountingCondition()
-    sch.lean, sch._threads, sch._idle_threads, sch._sentinel = lean, threads, idle, sentinel
-    sch.buffer.extend(SimpleNamespace(id=i) for i in range(rows))
-    started.clear()  # the feeder's own thread
-    return sch, started
-
-
-def test_a_dispatch_wakes_a_thread_per_row_up_to_the_concurrency(monkeypatch):
-    sch, started = dispatching(monkeypatch, lean=False)
-    with sch._lock:
-        sch._dispatch_locked()
-    assert len(started) == 8 and sch._lock.notified == [8]
-
-
-def test_a_lean_dispatch_starts_one_thread(monkeypatch):
-    sch, started = dispatching(monkeypatch, lean=True)
-    with sch._lock:
-        sch._dispatch_locked()
-    assert len(started) == 1 and sch._lock.notified == [1]
-
-
-def test_a_lean_dispatch_wakes_nothing_while_a_thread_takes_rows_and_one_watches(monkeypatch):
-    sch, started = dispatching(monkeypatch, lean=True, threads=8, idle=7, sentinel="parked")
-    with sch._lock:
-        sch._dispatch_locked()
-    assert started == [] and sch._lock.notified == []
-
-
-def test_a_lean_dispatch_wakes_one_parked_thread_when_none_is_awake_or_none_watches(monkeypatch):
-    for awake_one, sentinel in ((False, "parked"), (True, None)):
-        sch, started = dispatching(monkeypatch, lean=True, threads=8, idle=7 if awake_one else 8,
-                                   sentinel=sentinel)
-        with sch._lock:
-            sch._dispatch_locked()
-        assert started == [] and sch._lock.notified == [1]
-
-
-def test_a_lean_thread_takes_a_row_only_when_no_other_works_on_a_quick_one():
-    from gen_durable.worker import scheduler as mod
-
-    sch = scheduler(concurrency=4)
-    sch._working = {"other": time.monotonic()}  # took its row just now
-    assert sch._may_take("me")  # not lean: any thread takes rows
-    sch.lean = True
-    assert not sch._may_take("me")  # the other thread takes the next row when it is done
-    assert sch._may_take("other")   # its own row does not hold a thread back
-    sch._working["other"] -= mod.LEAN_ESCAPE * 2
-    assert sch._may_take("me")      # working on one row that long, it may wait on I/O: take rows beside it
-    del sch._working["other"]
-    assert sch._may_take("me")      # back at the buffer (or gone)
-
-
 # --- an async step's re-check of a prefetched row: the hop only when stale -----------------
 
-def async_start(monkeypatch, checked_ago):
+def async_start(monkeypatch, checked_ago, lost=False):
     """Run `_async_step` on one prefetched row whose claim (or re-check) is `checked_ago`
     s old; return how many times it went to `_owned` (through Django's sync thread)."""
     import asyncio
 
-    from gen_durable.worker import scheduler as mod
     from gen_durable.worker.claims import Claimed
 
     sch = scheduler(concurrency=2)
@@ -296,7 +215,7 @@ def async_start(monkeypatch, checked_ago):
     monkeypatch.setattr(sch, "arun_chain", chain)
     fields = {f: None for f in Claimed.__dataclass_fields__}
     job = Claimed(**{**fields, "id": 7, "prefetched": True, "checked": time.monotonic() - checked_ago,
-                     "rechecked": False, "pending": None, "lost": False})
+                     "rechecked": False, "pending": None, "lost": lost})
     sch.running = 1
     token = object()
     asyncio.run(sch._async_step(job, token))
@@ -309,3 +228,4 @@ def test_a_fresh_prefetched_async_row_starts_without_the_sync_thread_hop(monkeyp
 
     assert async_start(monkeypatch, checked_ago=0.0) == 0
     assert async_start(monkeypatch, checked_ago=mod.RECHECK_FRESH * 4) == 1  # stale: re-checked
+    assert async_start(monkeypatch, checked_ago=0.0, lost=True) == 1  # dropped: `_owned` says so
