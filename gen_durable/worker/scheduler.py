@@ -555,7 +555,9 @@ class Scheduler:
         try:
             # A buffered row is re-checked before it starts, as a sync step's is; a dropped
             # one leaves below like a step that submitted nothing.
-            if job.prefetched and not await sync_to_async(self._owned)(job):
+            # A fresh row starts without the hop to Django's shared sync thread (which all
+            # async steps of the process queue for): only a stale one needs the statement.
+            if job.prefetched and not self._fresh(job) and not await sync_to_async(self._owned)(job):
                 return
             await self.arun_chain(job)
             submitted = True
@@ -729,6 +731,17 @@ class Scheduler:
             self.running -= 1
             self._runs.pop(threading.current_thread(), None)
             self._dispatch_locked()
+        return False
+
+    def _fresh(self, job) -> bool:
+        """The lock-free first test of `_owned`: a row not lost whose claim or last re-check
+        is under RECHECK_FRESH s old, with no re-check of it in flight, may start as it is."""
+        checked = job.checked  # before `pending`, as in `_owned`
+        if (job.pending is None and not job.lost and checked is not None
+                and time.monotonic() - checked <= RECHECK_FRESH):
+            if job.rechecked:
+                self._rechecked_starts += 1  # unlocked: a lost increment only lowers an estimate
+            return True
         return False
 
     def _owned(self, job) -> bool:

@@ -252,3 +252,27 @@ def test_a_database_that_does_not_exist_is_a_clear_error_not_an_endless_wait(tra
     assert proc.returncode != 0
     assert "does not exist — not retrying: create the database" in proc.stderr, proc.stderr[-2000:]
     assert "retrying in" not in proc.stderr  # not one back-off round
+
+
+def test_a_supervised_child_skips_the_checks_its_parent_ran_and_a_restarted_one_runs_them(
+        transactional_db, monkeypatch):
+    """`--processes N` runs the system and migration checks in the parent before it spawns
+    the children; a first child (--parent, no --predecessors) does not repeat them, a
+    restarted one (--predecessors: the code may have changed since) and a plain
+    `rundurable` do. Counted per invocation."""
+    from django.core.management import call_command
+    from django.core.management.base import BaseCommand
+
+    ran = []
+    real_check, real_migrations = BaseCommand.check, BaseCommand.check_migrations
+    monkeypatch.setattr(BaseCommand, "check", lambda self, *a, **k: ran.append("check") or real_check(self, *a, **k))
+    monkeypatch.setattr(BaseCommand, "check_migrations",
+                        lambda self: ran.append("migrations") or real_migrations(self))
+    base = ["rundurable", "--burst", "--queue", "default=1", "--no-gc", "--no-reaper"]
+    parent = f"--parent={os.getppid()}"  # alive for the whole call: the child does not drain early
+    for extra, expected in (([], ["check", "migrations"]),
+                            (["--child=0", parent], []),
+                            (["--child=0", parent, "--predecessors=999999"], ["check", "migrations"])):
+        ran.clear()
+        call_command(*base, *extra, skip_checks=False, verbosity=0)
+        assert ran == expected, extra

@@ -193,3 +193,39 @@ def test_a_queue_is_young_while_rows_wait_or_a_step_started_within_the_window():
     assert not sch.young(1.0)                              # between steps
     sch._async_started[object()] = time.monotonic()
     assert sch.young(1.0)                                  # an async step just started
+
+
+# --- an async step's re-check of a prefetched row: the hop only when stale -----------------
+
+def async_start(monkeypatch, checked_ago, lost=False):
+    """Run `_async_step` on one prefetched row whose claim (or re-check) is `checked_ago`
+    s old; return how many times it went to `_owned` (through Django's sync thread)."""
+    import asyncio
+
+    from gen_durable.worker.claims import Claimed
+
+    sch = scheduler(concurrency=2)
+    sch.flusher = SimpleNamespace(step_abandoned=lambda: None)
+    hops, ran = [], []
+    monkeypatch.setattr(sch, "_owned", lambda job: hops.append(job.id) or True)
+
+    async def chain(job):
+        ran.append(job.id)
+
+    monkeypatch.setattr(sch, "arun_chain", chain)
+    fields = {f: None for f in Claimed.__dataclass_fields__}
+    job = Claimed(**{**fields, "id": 7, "prefetched": True, "checked": time.monotonic() - checked_ago,
+                     "rechecked": False, "pending": None, "lost": lost})
+    sch.running = 1
+    token = object()
+    asyncio.run(sch._async_step(job, token))
+    assert ran == [7]
+    return len(hops)
+
+
+def test_a_fresh_prefetched_async_row_starts_without_the_sync_thread_hop(monkeypatch):
+    from gen_durable.worker import scheduler as mod
+
+    assert async_start(monkeypatch, checked_ago=0.0) == 0
+    assert async_start(monkeypatch, checked_ago=mod.RECHECK_FRESH * 4) == 1  # stale: re-checked
+    assert async_start(monkeypatch, checked_ago=0.0, lost=True) == 1  # dropped: `_owned` says so

@@ -168,6 +168,13 @@ class Command(BaseCommand):
         """Wait for the database (capped back-off, one log line per attempt), then run the
         system and migration checks and the workers as usual."""
         _configure_logging(options.get("verbosity", 1))
+        if options.get("parent") is not None and not options.get("predecessors"):
+            # A child of `--processes N`, first of its slot: its parent ran the system and
+            # migration checks on these settings and this code a moment ago (and refuses to
+            # start on an error). A restarted child (a predecessor died) runs them again:
+            # the code on disk may have changed since.
+            options["skip_checks"] = True
+            self.requires_migrations_checks = False
         for alias in self._aliases(options.get("database")):
             wait_for_database(alias)
         return super().execute(*args, **options)
