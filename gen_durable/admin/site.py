@@ -31,6 +31,7 @@ from ..outcomes import MAX_NAME_LENGTH, MAX_REASON_LENGTH
 from ..statuses import Status
 from . import overview
 from .paging import CAP, EstimatedCountPaginator
+from .timeline import compact_time
 
 INLINE_LIMIT = 20  # newest inbox rows / children shown on the detail page
 MAX_ACTION_ROWS = 1000  # one action confirms and applies at most this many instances
@@ -870,15 +871,6 @@ def audit_queue(request, queue, message) -> None:
         user_id=request.user.pk, action_flag=CHANGE, change_message=message,
         content_type=ContentType.objects.get_for_model(QueueOverview, for_concrete_model=False),
         object_id=queue[:255], object_repr=f"queue {queue}"[:200])
-
-
-def compact_time(value) -> str:
-    """`MM-DD HH:MM:SS` in the current time zone (the whole timestamp in the title)."""
-    if value is None:
-        return "—"
-    local = timezone.localtime(value)
-    return format_html('<span title="{}">{}</span>', local.isoformat(sep=" ", timespec="seconds"),
-                       local.strftime("%m-%d %H:%M:%S"))
 
 
 def running_seconds(obj, now=None) -> float | None:

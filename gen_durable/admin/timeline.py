@@ -53,12 +53,18 @@ OUTCOME_LABELS = {"next": "next step", "inline": "next step (inline)", "retry": 
                   "abandoned": "abandoned (the worker shut down while it ran)"}
 
 
-def _time(value) -> str:
+def compact_time(value, timespec: str = "seconds") -> str:
+    """`MM-DD HH:MM:SS` in the current time zone, the whole timestamp (to `timespec`) in
+    the title; "—" for None. Also the instances list's time columns (site.py)."""
     if value is None:
         return "—"
     local = timezone.localtime(value)
-    return format_html('<span title="{}">{}</span>', local.isoformat(sep=" ", timespec="milliseconds"),
+    return format_html('<span title="{}">{}</span>', local.isoformat(sep=" ", timespec=timespec),
                        local.strftime("%m-%d %H:%M:%S"))
+
+
+def _time(value) -> str:
+    return compact_time(value, timespec="milliseconds")
 
 
 def _duration(entry: HistoryEntry) -> str:
