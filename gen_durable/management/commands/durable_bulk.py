@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
-from gen_durable import bulk
+from gen_durable import bulk, calls
 from gen_durable.exceptions import InvalidInput
 from gen_durable.statuses import Status
 
@@ -48,6 +48,10 @@ class Command(BaseCommand):
         kw = {"status": status, "queue": o["queue"], "machine": o["machine"], "batch": o["batch"],
               "using": o["database"], "progress": progress}
         try:
+            if op == "move":
+                # Before the dry run's count too: a typo would strand the rows where no
+                # worker looks (the admin refuses it the same way).
+                calls.check_queue(o["to_queue"])
             if o["dry_run"]:
                 result = bulk.count_where(op, **{k: v for k, v in kw.items() if k != "progress"})
                 self.stdout.write(f"{op}: {result:,} instances match (dry run: nothing changed)")
