@@ -126,6 +126,22 @@ def test_the_command_retries_moves_and_counts(queue_name):
     assert Instance.objects.filter(queue=f"{queue_name}_b").count() == 12
 
 
+def test_the_command_notes_a_machine_name_nobody_registers_and_keeps_working(queue_name):
+    retired = [TerminalFactory(queue=queue_name, fsm="accounts.Nope", step="start", status="failed",
+                               result=None).id]
+    out, err = StringIO(), StringIO()
+    call_command("durable_bulk", "retry", "--queue", queue_name, "--machine", "accounts.Nope", stdout=out,
+                 stderr=err)
+    assert err.getvalue().strip() == ("note: no registered machine is named 'accounts.Nope'; a retired machine's "
+                                      "rows still match")
+    assert "retry: 1 done" in out.getvalue()  # the retired machine's row still matched
+    assert Instance.objects.get(id=retired[0]).status == "runnable"
+    err = StringIO()
+    call_command("durable_bulk", "retry", "--queue", queue_name, "--machine", "tests.Plain", "--dry-run",
+                 stdout=StringIO(), stderr=err)
+    assert err.getvalue() == ""  # a registered one: no note
+
+
 @pytest.mark.parametrize("argv, message", [
     (["move"], "--to-queue"),
     (["cancel"], "--reason"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
-from gen_durable import bulk, calls
+from gen_durable import bulk, calls, registry
 from gen_durable.exceptions import InvalidInput
 from gen_durable.statuses import Status
 
@@ -41,6 +41,12 @@ class Command(BaseCommand):
         status = o["status"]
         if status is None:
             status = {"cancel": None, "retry": "failed", "move": None}[op]
+
+        if o["machine"] and o["machine"] not in {name for name, _version in registry.all_machines()}:
+            # Not an error: the rows of a retired machine (no longer registered) still
+            # match by name; but a typo would silently match nothing.
+            self.stderr.write(f"note: no registered machine is named {o['machine']!r}; a retired machine's rows "
+                              "still match")
 
         def progress(done, skipped, scanned):
             self.stdout.write(f"{op}: {scanned:,} matched so far, {done:,} done, {skipped:,} skipped")
