@@ -180,10 +180,18 @@ def move_where(*, to_queue: str, status=None, queue: str | None = None, machine=
     commits under its own queue first — run it again once they have finished. Runnable
     rows wake the target queue's workers. status, queue, machine, batch, progress: as in
     `cancel_where` (status None: every status but executing and done). Statements: two
-    per batch. Returns a BulkResult. Raises InvalidInput for a bad filter or queue name.
+    per batch. Returns a BulkResult. Raises InvalidInput, before any row moves, for a bad
+    filter or a `to_queue` nobody declares (GEN_DURABLE['QUEUES'], a machine's queue or
+    EXTRA_QUEUES): no worker would ever claim the rows there.
     """
-    return _move(text(to_queue, "to_queue"), _defaults("move", _filter(status, queue, machine, batch)), using,
-                 progress)
+    target = _target(to_queue)
+    return _move(target, _defaults("move", _filter(status, queue, machine, batch)), using, progress)
+
+
+def _target(to_queue) -> str:
+    target = text(to_queue, "to_queue")
+    calls.check_queue(target)
+    return target
 
 
 def _move(target, params, using, progress, result=None, **walk) -> BulkResult:
@@ -215,11 +223,13 @@ def actionable_statuses(operation: str) -> list:
 
 def window_statuses(operation: str, status=None) -> list:
     """The statuses `run_window` acts on: `status` (one or a list) narrowed to the
-    operation's `actionable_statuses`, or all of those — a row of another status would
+    operation's `actionable_statuses`, or, with no status, the same default as the
+    *_where call (failed only for retry, as `retry_where`: waking every parked or
+    scheduled instance takes asking for those statuses) — a row of another status would
     only be read to be skipped. May be empty (the action does nothing to that status)."""
     able = actionable_statuses(operation)
     if status is None:
-        return able
+        return ["failed"] if operation == "retry" else able
     wanted = [status] if isinstance(status, str) else list(status)
     return [s for s in wanted if s in able]
 
@@ -242,5 +252,5 @@ def run_window(operation: str, *, status=None, queue=None, machine=None, reason=
     if operation == "retry":
         return _each(lambda id_: calls.retry(id_, using=using), params, using, None, **walk)
     if operation == "move":
-        return _move(text(to_queue, "to_queue"), params, using, None, **walk)
+        return _move(_target(to_queue), params, using, None, **walk)
     raise InvalidInput(f"operation must be cancel, retry or move, got {operation!r}")

@@ -657,8 +657,11 @@ class InstanceAdmin(admin.ModelAdmin):
             qs = qs.filter(fsm=filt["machine"])
         counter = EstimatedCountPaginator(qs.order_by("-id"), 1)
         n = counter.count
+        shown = form.data if form.is_bound else {}
+        if "to_queue" in form.errors:  # a refused target: the shell line keeps the QUEUE placeholder
+            shown = {k: v for k, v in shown.items() if k != "to_queue"}
         context.update(count=f"{n:,}", count_estimated=counter.estimated, cap=f"{CAP:,}",
-                       command=bulk_command(action, filt, form.data if form.is_bound else {}, using))
+                       command=bulk_command(action, filt, shown, using))
         return TemplateResponse(request, template, context)
 
     @staticmethod
@@ -793,8 +796,7 @@ def bulk_command(action: str, filt: dict, data, using: str) -> str:
         if filt.get(key):
             parts += [f"--{key}", filt[key]]
     if action == "retry" and not filt.get("status"):
-        for status in bulk.RETRYABLE:  # what the admin retries; the command's default is failed only
-            parts += ["--status", status]
+        parts += ["--status", "failed"]  # what the admin retries with no status filter (the command's default too)
     if action == "cancel":
         parts += ["--reason", (data.get("reason") or "").strip() or "REASON"]
     if action == "move":

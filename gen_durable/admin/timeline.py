@@ -88,14 +88,23 @@ def _row(ev: Event):
             g.get_change_message())
 
 
+# The admin's LogEntry of a run on "all matching" has no object id (one summary per run),
+# and calls made in code or a shell write no LogEntry: say so rather than let the
+# timeline look complete (docs/admin.md "Timeline").
+NOT_LISTED = ("Bulk (all matching) admin runs and calls made outside the admin (gd.cancel, gd.retry, "
+              "gd.signal, gd.cancel_where / retry_where / move_where, manage.py durable_bulk) are not listed "
+              "here; see the admin's Recent actions for the former.")
+
+
 def timeline_html(instance_id: int, using: str | None = None, limit: int = TIMELINE_LIMIT) -> str:
     """The timeline as the detail page's table (docs/admin.md "Timeline")."""
     events = timeline(instance_id, using, limit)
+    note = format_html('<p class="help" id="gd-timeline-not-listed">{}</p>', NOT_LISTED)
     if not events:
-        return "no entries (none written yet, or HISTORY is off)"
+        return format_html("no entries (none written yet, or HISTORY is off){}", note)
     body = format_html_join("", '<tr class="{}"><td>{}</td><td>{}</td><td>{}</td><td>{}</td>'
                                 '<td><pre class="gd-error-text">{}</pre></td></tr>', (_row(ev) for ev in events))
     more = (format_html('<p class="gd-more">the newest {} shown</p>', limit) if len(events) >= limit else "")
     return format_html('<table class="gd-inline" id="gd-timeline"><thead><tr><th>ended</th><th>what</th>'
-                       "<th>worker</th><th>took</th><th>error / message</th></tr></thead><tbody>{}</tbody></table>{}",
-                       body, more)
+                       "<th>worker</th><th>took</th><th>error / message</th></tr></thead><tbody>{}</tbody></table>{}{}",
+                       body, more, note)

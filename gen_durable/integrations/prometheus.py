@@ -1,6 +1,7 @@
 """Prometheus metrics for gen_durable, two ways (docs/observability.md, "Prometheus").
 
-Needs the `prometheus` extra: `pip install "gen-durable[prometheus]"`.
+Needs the `prometheus` extra: `pip install -e "/path/to/gen_durable[prometheus]"` from a
+checkout, `pip install "gen-durable[prometheus]"` from a package index.
 
 1. Worker metrics — `rundurable --metrics-port PORT` (`serve_worker_metrics`): each
    worker process serves, over HTTP, the OpenTelemetry metrics gen_durable.otel records
@@ -31,14 +32,18 @@ try:
     from prometheus_client.core import GaugeMetricFamily
     from prometheus_client.exposition import choose_encoder
 except ImportError as exc:  # a web process that lists the view without the extra
-    raise ImportError(f"gen_durable.integrations.prometheus needs prometheus_client ({exc}): "
-                      'pip install "gen-durable[prometheus]"') from exc
+    raise ImportError(f"gen_durable.integrations.prometheus needs prometheus_client ({exc}): install the "
+                      'prometheus extra (pip install -e "/path/to/gen_durable[prometheus]" from a checkout, '
+                      'pip install "gen-durable[prometheus]" from a package index)') from exc
+
+from django.views.decorators.csrf import csrf_exempt
 
 from .. import db, sql, telemetry
 from ..conf import database_alias, get_settings
 from ..queues import COUNT_CAP, configured_queues, queue_depth
 
-EXTRA_HINT = 'pip install "gen-durable[prometheus]"'
+EXTRA_HINT = ('install the prometheus extra (pip install -e "/path/to/gen_durable[prometheus]" from a checkout, '
+              'pip install "gen-durable[prometheus]" from a package index)')
 DEFAULT_ADDRESS = "127.0.0.1"
 # The `window` label values of the completion gauges, in metrics_completions.sql's column order.
 WINDOWS = ("1m", "1h")
@@ -214,6 +219,7 @@ def served_aliases(using: str | None = None) -> list[str]:
     return list(dict.fromkeys(found))
 
 
+@csrf_exempt  # it changes nothing: a POST gets the documented 405, not the CSRF middleware's 403
 def metrics_view(request, using: str | None = None):
     """Django view: the database metrics in Prometheus' text format (OpenMetrics when the
     scraper asks for it). `?database=ALIAS` picks another alias of DATABASES (default:

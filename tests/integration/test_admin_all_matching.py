@@ -104,6 +104,9 @@ def test_move_all_matching_validates_the_target_queue(admin_client, queue_name):
     url = _all("move", queue=queue_name)
     typo = admin_client.post(url, {"to_queue": "emial"}, follow=True).content.decode()
     assert "queue &#x27;emial&#x27; is not declared" in typo and "did you mean" in typo
+    # The shell line is offered only for a valid target: the typo is not repeated there.
+    command = typo.split('id="gd-all-command">')[1].split("<")[0]
+    assert "emial" not in command and command.endswith("--to-queue QUEUE")
     assert _summaries() == []
     page = admin_client.post(url, {"to_queue": queue_name + "_slow", "reason": "overloaded"}, follow=True).content.decode()
     assert f"{N:,} done" in page
@@ -193,17 +196,33 @@ def test_move_selected_rows(admin_client, queue_name):
         f"Moved to queue '{queue_name}_b' (admin action); reason: rebalance")
 
 
-def test_retry_without_a_status_filter_takes_the_retryable_statuses(admin_client, queue_name):
-    _rows(2, queue=queue_name, status="failed")
+def test_retry_without_a_status_filter_takes_failed_only_as_retry_where(admin_client, queue_name):
+    failed = _rows(2, queue=queue_name, status="failed")
     _rows(3, queue=queue_name, status="done")  # never read to be skipped
     _rows(1, queue=queue_name, status="awaiting_children")
+    parked = _rows(2, queue=queue_name, status="awaiting_signal")
+    scheduled = _rows(2, queue=queue_name, status="runnable")
+    eligible = dict(Instance.objects.filter(id__in=[r.id for r in scheduled]).values_list("id", "eligible_at"))
     url = _all("retry", queue=queue_name)
     confirm = admin_client.get(url).content.decode()
-    assert "failed, awaiting_signal, runnable" in confirm and 'id="gd-all-count">2<' in confirm
-    assert (f"durable_bulk retry --queue {queue_name} --status failed --status awaiting_signal "
-            "--status runnable") in confirm
+    assert "<td>failed</td>" in confirm and 'id="gd-all-count">2<' in confirm
+    assert f"durable_bulk retry --queue {queue_name} --status failed</code>" in confirm
     page = admin_client.post(url, {"reason": ""}, follow=True).content.decode()
     assert "2 done, 0 skipped of 2 matched" in page
+    assert set(Instance.objects.filter(id__in=[r.id for r in failed]).values_list("status", flat=True)) == {"runnable"}
+    # Negative control: the parked and scheduled rows were not woken.
+    assert set(Instance.objects.filter(id__in=[r.id for r in parked]).values_list("status", flat=True)) == {
+        "awaiting_signal"}
+    assert dict(Instance.objects.filter(id__in=eligible).values_list("id", "eligible_at")) == eligible
+
+
+def test_retry_all_matching_still_wakes_parked_rows_when_asked(admin_client, queue_name):
+    parked = _rows(2, queue=queue_name, status="awaiting_signal")
+    url = _all("retry", queue=queue_name, status="awaiting_signal")
+    confirm = admin_client.get(url).content.decode()
+    assert f"--status awaiting_signal --queue {queue_name}" in confirm and 'id="gd-all-count">2<' in confirm
+    assert "2 done" in admin_client.post(url, {"reason": ""}, follow=True).content.decode()
+    assert not Instance.objects.filter(id__in=[r.id for r in parked], status="awaiting_signal").exists()
 
 
 def _result(page):

@@ -68,6 +68,36 @@ def test_move_where_moves_waiting_rows_and_leaves_executing_ones(queue_name):
     assert drain(queue=target)["done"] == 5
 
 
+def test_move_where_refuses_an_undeclared_target_before_any_row_moves(queue_name):
+    waiting = [gd.insert(Plain, queue=queue_name) for _ in range(3)]
+    with CaptureQueriesContext(connection) as captured:
+        with pytest.raises(gd.InvalidInput, match="queue 'defualt' is not declared; did you mean 'default'"):
+            gd.move_where(to_queue="defualt", queue=queue_name)
+    assert not [q for q in captured.captured_queries if "gen_durable" in q["sql"]]  # not even the id range
+    assert set(Instance.objects.filter(id__in=waiting).values_list("queue", flat=True)) == {queue_name}
+    # EXTRA_QUEUES is honoured (tests/settings.py declares "emials"):
+    assert gd.move_where(to_queue="emials", queue=queue_name).done == 3
+
+
+def test_the_command_refuses_an_undeclared_target_queue_dry_run_too(queue_name):
+    waiting = [gd.insert(Plain, queue=queue_name) for _ in range(2)]
+    for extra in ([], ["--dry-run"]):
+        out = StringIO()
+        with pytest.raises(CommandError, match="queue 'defualt' is not declared; did you mean 'default'"):
+            call_command("durable_bulk", "move", "--queue", queue_name, "--to-queue", "defualt", *extra, stdout=out)
+        assert "match" not in out.getvalue()
+    assert set(Instance.objects.filter(id__in=waiting).values_list("queue", flat=True)) == {queue_name}
+
+
+def test_the_command_exits_non_zero_on_an_undeclared_target_queue(queue_name, capsys):
+    from django.core.management import execute_from_command_line
+
+    with pytest.raises(SystemExit) as exited:
+        execute_from_command_line(["manage.py", "durable_bulk", "move", "--queue", queue_name, "--to-queue",
+                                   "defualt", "--dry-run"])
+    assert exited.value.code == 1 and "queue 'defualt' is not declared" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"status": "bogus"}, "status must be"),
     ({"status": []}, "status must be"),
@@ -94,6 +124,22 @@ def test_the_command_retries_moves_and_counts(queue_name):
     call_command("durable_bulk", "move", "--queue", queue_name, "--to-queue", f"{queue_name}_b", stdout=out)
     assert "move: 12 done" in out.getvalue()
     assert Instance.objects.filter(queue=f"{queue_name}_b").count() == 12
+
+
+def test_the_command_notes_a_machine_name_nobody_registers_and_keeps_working(queue_name):
+    retired = [TerminalFactory(queue=queue_name, fsm="accounts.Nope", step="start", status="failed",
+                               result=None).id]
+    out, err = StringIO(), StringIO()
+    call_command("durable_bulk", "retry", "--queue", queue_name, "--machine", "accounts.Nope", stdout=out,
+                 stderr=err)
+    assert err.getvalue().strip() == ("note: no registered machine is named 'accounts.Nope'; a retired machine's "
+                                      "rows still match")
+    assert "retry: 1 done" in out.getvalue()  # the retired machine's row still matched
+    assert Instance.objects.get(id=retired[0]).status == "runnable"
+    err = StringIO()
+    call_command("durable_bulk", "retry", "--queue", queue_name, "--machine", "tests.Plain", "--dry-run",
+                 stdout=StringIO(), stderr=err)
+    assert err.getvalue() == ""  # a registered one: no note
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -274,6 +274,20 @@ def test_the_detail_page_shows_attempts_and_admin_actions_newest_first(admin_cli
 
 
 @pytest.mark.django_db
+def test_the_timeline_says_bulk_runs_and_calls_outside_the_admin_are_not_listed(admin_client, queue_name):
+    row = InstanceFactory(queue=queue_name, status="runnable")
+    assert gd.cancel_where(reason="bad deploy", queue=queue_name).done == 1  # no admin log entry
+    body, _ = _page_queries(admin_client, row.id)
+    note = body.split('id="gd-timeline-not-listed">')[1].split("</p>")[0]
+    assert note.startswith("Bulk (all matching) admin runs and calls made outside the admin (gd.cancel")
+    assert "Recent actions" in note
+    assert "no entries (none written yet, or HISTORY is off)" in body  # the cancel is not a line of it
+    HistoryEntryFactory(instance_id=row.id)
+    body, _ = _page_queries(admin_client, row.id)
+    assert body.index('id="gd-timeline"') < body.index('id="gd-timeline-not-listed"')
+
+
+@pytest.mark.django_db
 def test_the_timeline_costs_the_same_queries_for_3_or_300_entries(admin_client, queue_name):
     small = InstanceFactory(queue=queue_name)
     big = InstanceFactory(queue=queue_name)

@@ -10,6 +10,7 @@ import sys
 import urllib.request
 
 import pytest
+from django.test import Client
 from django.core.management import CommandError, call_command
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -313,22 +314,29 @@ def test_bad_metrics_arguments_are_refused(db, argv, message):
 def test_a_metrics_port_in_use_is_refused_before_any_worker_starts(transactional_db, queue_name):
     port = free_port(2)
     with socket.create_server(("127.0.0.1", port + 1)):  # the second child's port
-        with pytest.raises(CommandError, match=rf"cannot serve metrics on 127\.0\.0\.1:{port + 1}: .*in use"):
+        with pytest.raises(CommandError, match=rf"cannot serve metrics on 127\.0\.0\.1:{port + 1}: .*in use.*"
+                                               r"\(another process on this host has the port\?"):
             call_command("rundurable", "--processes", "2", "--queue", queue_name, "--metrics-port", str(port))
         with pytest.raises(OSError, match=rf"cannot serve Prometheus metrics on 127\.0\.0\.1:{port + 1}: .*in use"):
             prometheus.serve_worker_metrics(port + 1)
 
 
 def test_a_metrics_address_that_is_not_this_hosts_is_refused(transactional_db, queue_name):
-    with pytest.raises(CommandError, match=r"cannot serve metrics on 192\.0\.2\.1:"):
+    with pytest.raises(CommandError, match=r"cannot serve metrics on 192\.0\.2\.1:") as refused:
         call_command("rundurable", "--burst", "--queue", queue_name, "--metrics-port", str(free_port()),
                      "--metrics-address", "192.0.2.1")  # TEST-NET-1: no host has it
+    # The address is named as the problem, not the port (EADDRNOTAVAIL).
+    assert ("192.0.2.1 is not an address of this host (127.0.0.1, 0.0.0.0 or one of its interfaces)"
+            in str(refused.value))
+    assert "another process" not in str(refused.value) and "--metrics-port)" not in str(refused.value)
 
 
 def test_a_missing_extra_names_the_pip_install(transactional_db, monkeypatch, queue_name):
     monkeypatch.setitem(sys.modules, "opentelemetry.exporter.prometheus", None)  # import fails
-    with pytest.raises(CommandError, match=r'opentelemetry\.exporter\.prometheus cannot be imported: '
-                                           r'pip install "gen-durable\[prometheus\]"'):
+    with pytest.raises(CommandError, match=r'opentelemetry\.exporter\.prometheus cannot be imported: install the '
+                                           r'prometheus extra \(pip install -e "/path/to/gen_durable\[prometheus\]" '
+                                           r'from a checkout, pip install "gen-durable\[prometheus\]" from a '
+                                           r'package index\)'):
         call_command("rundurable", "--burst", "--queue", queue_name, "--metrics-port", str(free_port()))
     with pytest.raises(ImportError, match=r"gen-durable\[prometheus\]"):
         prometheus.serve_worker_metrics(free_port())
@@ -339,7 +347,8 @@ def test_the_view_module_without_prometheus_client_names_the_pip_install(monkeyp
 
     monkeypatch.setitem(sys.modules, "prometheus_client", None)
     monkeypatch.delitem(sys.modules, "gen_durable.integrations.prometheus")
-    with pytest.raises(ImportError, match=r'needs prometheus_client .*pip install "gen-durable\[prometheus\]"'):
+    with pytest.raises(ImportError, match=r'needs prometheus_client .*install the prometheus extra '
+                                          r'\(pip install -e "/path/to/gen_durable\[prometheus\]" from a checkout'):
         importlib.import_module("gen_durable.integrations.prometheus")
     monkeypatch.undo()
     assert importlib.import_module("gen_durable.integrations.prometheus") is prometheus
@@ -454,6 +463,10 @@ def test_the_view_refuses_what_it_does_not_understand(client):
     bad = client.get("/metrics/?databse=other")
     assert bad.status_code == 400 and b"databse" in bad.content
     assert client.post("/metrics/").status_code == 405
+    strict = Client(enforce_csrf_checks=True)  # a scraper sends no CSRF token: 405, not the middleware's 403
+    for method in (strict.post, strict.put, strict.delete):
+        refused = method("/metrics/")
+        assert refused.status_code == 405 and refused["Allow"] == "GET, HEAD"
     openmetrics = client.get("/metrics/", HTTP_ACCEPT="application/openmetrics-text; version=1.0.0")
     assert openmetrics["Content-Type"].startswith("application/openmetrics-text")
     assert openmetrics.content.rstrip().endswith(b"# EOF")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
-from gen_durable import bulk
+from gen_durable import bulk, calls, registry
 from gen_durable.exceptions import InvalidInput
 from gen_durable.statuses import Status
 
@@ -42,12 +42,22 @@ class Command(BaseCommand):
         if status is None:
             status = {"cancel": None, "retry": "failed", "move": None}[op]
 
+        if o["machine"] and o["machine"] not in {name for name, _version in registry.all_machines()}:
+            # Not an error: the rows of a retired machine (no longer registered) still
+            # match by name; but a typo would silently match nothing.
+            self.stderr.write(f"note: no registered machine is named {o['machine']!r}; a retired machine's rows "
+                              "still match")
+
         def progress(done, skipped, scanned):
             self.stdout.write(f"{op}: {scanned:,} matched so far, {done:,} done, {skipped:,} skipped")
 
         kw = {"status": status, "queue": o["queue"], "machine": o["machine"], "batch": o["batch"],
               "using": o["database"], "progress": progress}
         try:
+            if op == "move":
+                # Before the dry run's count too: a typo would strand the rows where no
+                # worker looks (the admin refuses it the same way).
+                calls.check_queue(o["to_queue"])
             if o["dry_run"]:
                 result = bulk.count_where(op, **{k: v for k, v in kw.items() if k != "progress"})
                 self.stdout.write(f"{op}: {result:,} instances match (dry run: nothing changed)")

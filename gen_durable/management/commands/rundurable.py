@@ -124,6 +124,24 @@ def positive_float(value: str) -> float:
     return n
 
 
+def bind_hint(exc: OSError, address: str, port: int) -> str:
+    """What to do about a failed bind of the metrics endpoint, by its errno: the address,
+    the port or the privilege is the problem, never a guess at the wrong one."""
+    import errno
+    import socket
+
+    if isinstance(exc, socket.gaierror):
+        return f"{address} is not a host name or address this host can resolve"
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return f"{address} is not an address of this host (127.0.0.1, 0.0.0.0 or one of its interfaces)"
+    if exc.errno == errno.EADDRINUSE:
+        return "another process on this host has the port? pick a free one with --metrics-port"
+    if exc.errno == errno.EACCES:
+        return (f"port {port} is privileged (below 1024) or not allowed to this user: pick one above 1023 "
+                "with --metrics-port")
+    return "check --metrics-address and --metrics-port"
+
+
 class Command(BaseCommand):
     help = "Run gen_durable workers: schedulers for the configured queues, flusher, heartbeat, reaper and GC."
     requires_system_checks = "__all__"
@@ -275,8 +293,7 @@ class Command(BaseCommand):
                 socket.create_server((address, p), family=family).close()
             except OSError as exc:
                 raise CommandError(f"--metrics-port: cannot serve metrics on {address}:{p}: "
-                                   f"{exc.strerror or exc} (another process on this host has the port? "
-                                   "pick a free one with --metrics-port)") from None
+                                   f"{exc.strerror or exc} ({bind_hint(exc, address, p)})") from None
 
     def _serve_metrics(self, port, address, using, child):
         from gen_durable.integrations.prometheus import DEFAULT_ADDRESS, serve_worker_metrics
