@@ -69,6 +69,9 @@ class Instance(models.Model):
     locked_by = models.TextField(null=True, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     attempt = models.IntegerField(default=0)
+    # The claim counter: every pick increments it, and an outcome commits only under the
+    # claim it ran for (flush.sql's guard; docs/design.md#outcomes; migration 0011).
+    claim = models.BigIntegerField(db_default=0, editable=False)
     last_error = models.TextField(null=True, blank=True)
     # The formatted traceback of the last failed attempt (at most MAX_TRACEBACK_LENGTH
     # characters), written with last_error; NULL when last_error came from no exception.

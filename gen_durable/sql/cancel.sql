@@ -1,6 +1,9 @@
 -- cancel: fail a live instance now, with a reason.
 -- Contract: docs/guide.md. Params: id bigint | NULL, key text | NULL, reason text.
--- A running step's late outcome is dropped by the flush guard (locked_by is cleared).
+-- A running step's late outcome is dropped by the flush guard: locked_by is cleared
+-- here, and should a retry let the same worker claim the row again before that step
+-- returns, the new claim has a new claim counter (pick.sql), which the late outcome's
+-- does not match (flush.sql, docs/design.md#outcomes).
 -- `awaits` is kept: a row cancelled while parked (or woken from an Await) is parked on
 -- those names again by a later retry (retry.sql).
 -- Like any terminal outcome it clears the inbox and counts off a joining parent

@@ -9,9 +9,10 @@
 --   delay float8[] (retry seconds), awaits text[]
 --   (JSON array of names), timeout float8[] (await seconds or NULL), set_key bool[],
 --   new_key text[], rate_limit text[], weight float8[], detail text[] (JSON object or
---   NULL: the attempt's record for rows that keep an attempt_log — Django tasks).
+--   NULL: the attempt's record for rows that keep an attempt_log — Django tasks),
+--   claim bigint[] (the claim counter the step ran under, as pick.sql set it).
 --   A column whose every element would be NULL comes as NULL (unnest(a, b, …) pads it
---   with NULLs), and worker, kind and weight come as in insert_all.sql (db.batch_column):
+--   with NULLs), and worker, kind, weight and claim come as in insert_all.sql (db.batch_column):
 --   the array, or NULL when every outcome has the same value, which then comes as
 --   <column>_1 — else a flush of 500 chain steps or jobs parses a dozen arrays of 500
 --   copies. set_key is true or NULL, delay NULL but for a retry.
@@ -38,7 +39,11 @@
 -- list would exceed NOTIFY's 8000-byte payload: every waiter re-reads).
 -- awaits: set by an Await, kept by a Retry and by a Stop (a failed row woken from an Await
 --   keeps the names, so retry.sql parks it on them again); cleared by every other outcome.
--- Guard: locked_by = worker AND status = 'executing'. A stale outcome matches nothing,
+-- Guard: claim = the outcome's claim AND locked_by = worker AND status = 'executing'.
+--   locked_by names the worker, not the claim: after a cancel and a retry the same
+--   worker may claim the row again while the cancelled run still runs, and only the
+--   claim counter (incremented by every pick, in the claim's own UPDATE) tells that
+--   run's late outcome from the new one's. A stale outcome matches nothing,
 --   and every rider keys off `upd`, so it consumes, purges and wakes nothing either.
 -- Index: primary key (one point lookup per outcome); signals by id / by target.
 --   The guard's status comes from the materialized input (`i.claimed`), so it is a join
@@ -47,14 +52,15 @@
 --   per flush — instead of one primary-key probe per outcome (tests/plans).
 WITH input AS MATERIALIZED (
     SELECT i.*, COALESCE(i.w, %(worker_1)s::text) AS worker, COALESCE(i.k, %(kind_1)s::text) AS kind,
-           COALESCE(i.wt, %(weight_1)s::float8) AS weight, 'executing'::gen_durable_status AS claimed
+           COALESCE(i.wt, %(weight_1)s::float8) AS weight,
+           COALESCE(i.cl, %(claim_1)s::bigint) AS claim, 'executing'::gen_durable_status AS claimed
     FROM unnest(%(id)s::bigint[], %(worker)s::text[], %(kind)s::text[], %(step)s::text[],
                 %(state)s::text[], %(result)s::text[], %(error)s::text[], %(tb)s::text[], %(delay)s::float8[],
                 %(awaits)s::text[], %(timeout)s::float8[], %(set_key)s::bool[],
                 %(new_key)s::text[], %(rate_limit)s::text[], %(weight)s::float8[],
-                %(detail)s::text[])
+                %(detail)s::text[], %(claim)s::bigint[])
          AS i(id, w, k, step, state, result, error, tb, delay, awaits, timeout, set_key,
-              new_key, rate_limit, wt, detail)
+              new_key, rate_limit, wt, detail, cl)
 ), upd AS (
     UPDATE gen_durable g
     SET status = (CASE i.kind WHEN 'inline' THEN 'executing'
@@ -67,23 +73,20 @@ WITH input AS MATERIALIZED (
         result = CASE WHEN i.kind = 'done' THEN i.result::jsonb ELSE g.result END,
         last_error = COALESCE(i.error, g.last_error),
         last_traceback = CASE WHEN i.error IS NULL THEN g.last_traceback ELSE i.tb END,
-        attempt = CASE i.kind WHEN 'retry' THEN g.attempt + 1
-                              WHEN 'done' THEN g.attempt WHEN 'stop' THEN g.attempt
-                              ELSE 0 END,
-        eligible_at = CASE i.kind WHEN 'retry' THEN now() + make_interval(secs => i.delay)
-                                  WHEN 'done' THEN g.eligible_at WHEN 'stop' THEN g.eligible_at
-                                  WHEN 'inline' THEN g.eligible_at
-                                  ELSE now() END,
+        attempt = CASE WHEN i.kind = 'retry' THEN g.attempt + 1
+                       WHEN i.kind IN ('done', 'stop') THEN g.attempt ELSE 0 END,
+        eligible_at = CASE WHEN i.kind = 'retry' THEN now() + make_interval(secs => i.delay)
+                           WHEN i.kind IN ('done', 'stop', 'inline') THEN g.eligible_at ELSE now() END,
         awaits = CASE i.kind WHEN 'await' THEN ARRAY(SELECT jsonb_array_elements_text(i.awaits::jsonb))
                              WHEN 'retry' THEN g.awaits WHEN 'stop' THEN g.awaits END,
         await_deadline = CASE WHEN i.kind = 'await' AND i.timeout IS NOT NULL
                               THEN now() + make_interval(secs => i.timeout) END,
         concurrency_key = CASE WHEN i.set_key THEN i.new_key ELSE g.concurrency_key END,
         concurrency_shard = CASE WHEN i.kind = 'inline' THEN g.concurrency_shard END,
-        rate_limit = CASE i.kind WHEN 'retry' THEN g.rate_limit WHEN 'next' THEN i.rate_limit
-                                 WHEN 'inline' THEN i.rate_limit END,
-        weight = CASE i.kind WHEN 'retry' THEN g.weight WHEN 'next' THEN i.weight
-                             WHEN 'inline' THEN i.weight ELSE 1 END,
+        rate_limit = CASE WHEN i.kind = 'retry' THEN g.rate_limit
+                          WHEN i.kind IN ('next', 'inline') THEN i.rate_limit END,
+        weight = CASE WHEN i.kind = 'retry' THEN g.weight WHEN i.kind IN ('next', 'inline') THEN i.weight
+                      ELSE 1 END,
         children_pending = CASE WHEN i.kind = 'schedule' THEN 0 ELSE g.children_pending END,
         -- The attempt's record, with who ran it and when it was claimed: the claim set
         -- updated_at, and nothing touches an executing row's updated_at until now.
@@ -104,7 +107,7 @@ WITH input AS MATERIALIZED (
                                 ELSE now() + make_interval(secs => %(lease)s::float8) END,
         updated_at = CASE WHEN i.kind = 'inline' THEN g.updated_at ELSE now() END
     FROM input i
-    WHERE g.id = i.id AND g.locked_by = i.worker AND g.status = i.claimed
+    WHERE g.id = i.id AND g.claim = i.claim AND g.locked_by = i.worker AND g.status = i.claimed
     RETURNING g.id, g.status, g.queue, g.parent_id
 ), consumed AS (
     DELETE FROM gen_durable_signals s
@@ -116,17 +119,17 @@ WITH input AS MATERIALIZED (
     DELETE FROM gen_durable_signals s
     USING upd
     WHERE s.target_id = upd.id AND upd.status IN ('done', 'failed')
-    RETURNING s.id
 ), settled AS (
     -- One notification per flush names the rows that settled, for await_result
     -- waiters in other processes (docs/guide.md).
     SELECT pg_notify('gen_durable_result', CASE WHEN length(ids) > 7900 THEN '*' ELSE ids END)
+    -- (Settled: done, failed or parked.)
     FROM (SELECT string_agg(id::text, ',') AS ids FROM upd
-          WHERE status IN ('done', 'failed', 'awaiting_signal', 'awaiting_children')) s
+          WHERE status NOT IN ('executing', 'runnable')) s
     WHERE ids IS NOT NULL
 )
-SELECT upd.id, upd.status::text, upd.queue, upd.parent_id,
-       NULL::bigint, NULL::text, NULL::text, NULL::timestamptz
+-- (The NULLs take their types from the inbox rows below.)
+SELECT upd.id, upd.status::text, upd.queue, upd.parent_id, NULL, NULL, NULL, NULL
 FROM upd CROSS JOIN (SELECT count(*) FROM settled) n
 UNION ALL
 -- The inboxes of the rows that continue inline (index: gen_durable_signals_target, one

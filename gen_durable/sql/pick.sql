@@ -12,6 +12,8 @@
 --   and drives the planner to sort the whole runnable set — both measured, tests/plans).
 -- Locks: FOR NO KEY UPDATE SKIP LOCKED in the scan — a claim never waits, and NO KEY
 --   strength stays compatible with the KEY SHARE a signal insert's FK check takes.
+-- claim: the row's claim counter, incremented: the token its outcome carries to the
+--   flush guard (flush.sql), as locked_by names the worker, not the claim.
 -- eligible_at comes back as epoch seconds: it only orders the batch in Python.
 -- K=1: row_number() over the locked window keeps the most urgent row per unconfigured
 --   key; the losers stay runnable. The unique arbiter index is the correctness backstop:
@@ -59,9 +61,10 @@ SET status = 'executing',
     locked_by = %(worker)s,
     lease_expires_at = now() + make_interval(secs => %(ttl)s::float8),
     concurrency_shard = CASE WHEN r.gated THEN -1 END,
-    updated_at = now()
+    updated_at = now(),
+    claim = g.claim + 1
 FROM ranked r
 WHERE g.id = r.id AND r.rn = 1 AND r.rc = 1
 RETURNING g.id, g.fsm, g.fsm_version, g.step, g.state, g.attempt, g.awaits, g.queue,
           g.priority, extract(epoch FROM g.eligible_at)::float8, g.concurrency_key, g.concurrency_shard, g.rate_limit,
-          g.weight, g.correlation_key, g.parent_id
+          g.weight, g.correlation_key, g.parent_id, g.claim

@@ -39,6 +39,7 @@ class Claimed:
     weight: float
     correlation_key: str | None
     parent_id: int | None
+    claim: int  # the row's claim counter as this pick set it: the flush guard's token
     worker: str
     inbox: list = field(default_factory=list)
     children: list = field(default_factory=list)

@@ -53,6 +53,9 @@ class Entry:
     id: int
     worker: str
     kind: str
+    # The claim it ran under (Claimed.claim): flush.sql commits it only while the row
+    # still holds that claim. 0 is a row no pick claimed (tests that stage rows).
+    claim: int = 0
     step: str | None = None
     state: str | None = None
     result: str | None = None
@@ -129,7 +132,7 @@ def _log_attempt(job: Claimed, entry: Entry, error: BaseException, handle_error:
 
 
 def stop_entry(job: Claimed, reason: str) -> Entry:
-    return Entry(id=job.id, worker=job.worker, kind="stop", error=reason, fsm=job.fsm,
+    return Entry(id=job.id, worker=job.worker, claim=job.claim, kind="stop", error=reason, fsm=job.fsm,
                  from_step=job.step, queue=job.queue, slot=job.slot, parent_id=job.parent_id,
                  attempt=job.attempt)
 
@@ -553,7 +556,7 @@ def to_entry(outcome, cls, job: Claimed, *, consumed, presented, inline=False) -
         key = outcome.concurrency_key
         set_key = key is not KEEP
         wanted, kind = inline_kind(outcome, cls, job, inline)
-        return Entry(id=job.id, worker=job.worker, kind=kind, step=step,
+        return Entry(id=job.id, worker=job.worker, claim=job.claim, kind=kind, step=step,
                      state=_state(outcome.state, cls, job), set_key=set_key, new_key=key if set_key else None,
                      rate_limit=outcome.rate_limit, weight=float(outcome.weight),
                      consumed=consumed, wanted_inline=wanted, fsm=job.fsm, from_step=job.step,
@@ -563,11 +566,11 @@ def to_entry(outcome, cls, job: Claimed, *, consumed, presented, inline=False) -
                      # which credits it
                      slot=job.slot)
     if isinstance(outcome, Done):  # a job's outcome: second, and built in one call like a Next's
-        return Entry(id=job.id, worker=job.worker, kind="done",
+        return Entry(id=job.id, worker=job.worker, claim=job.claim, kind="done",
                      result=encode(outcome.result, f"result of {cls.name}#{job.id}",
                                    get_settings().MAX_PAYLOAD_BYTES),
                      fsm=job.fsm, from_step=job.step, queue=job.queue, slot=job.slot, parent_id=job.parent_id)
-    base = dict(id=job.id, worker=job.worker, fsm=job.fsm, from_step=job.step, queue=job.queue, slot=job.slot,
+    base = dict(id=job.id, worker=job.worker, claim=job.claim, fsm=job.fsm, from_step=job.step, queue=job.queue, slot=job.slot,
                 parent_id=job.parent_id)
     if isinstance(outcome, Retry):
         return Entry(kind="retry", state=_state(outcome.state, cls, job),
@@ -625,7 +628,7 @@ def continuation(job: Claimed, entry: Entry) -> Claimed:
 
 def requeue_entry(job: Claimed) -> Entry:
     """A plain Next into `job`'s own (already committed) step: back to the pick."""
-    return Entry(id=job.id, worker=job.worker, kind="next", step=job.step, rate_limit=job.rate_limit,
+    return Entry(id=job.id, worker=job.worker, claim=job.claim, kind="next", step=job.step, rate_limit=job.rate_limit,
                  weight=float(job.weight), fsm=job.fsm, from_step=job.step, queue=job.queue, slot=job.slot,
                  parent_id=job.parent_id)
 

@@ -103,7 +103,7 @@ def _arrays(entries):
         "renew": float(settings.LEASE_TTL - settings.HEARTBEAT_INTERVAL),
         "inline": db.pg_array([e.id for e in entries if e.kind == "inline"]),
     }
-    for name in ("worker", "kind", "weight"):
+    for name in ("worker", "kind", "weight", "claim"):
         params[name], params[name + "_1"] = db.batch_column([getattr(e, name) for e in entries])
     return params
 
