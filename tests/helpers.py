@@ -77,9 +77,9 @@ def record_rechecks(monkeypatch) -> list:
     calls = []
     real = scheduler.still_owned
 
-    def counting(ids, worker, using=None):
-        calls.append(sorted(ids))
-        return real(ids, worker, using)
+    def counting(jobs, worker, using=None):
+        calls.append(sorted(j.id for j in jobs))
+        return real(jobs, worker, using)
 
     monkeypatch.setattr(scheduler, "still_owned", counting)
     return calls

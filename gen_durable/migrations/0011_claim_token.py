@@ -8,19 +8,17 @@ in flight, and that run's late outcome must not commit over the new claim.
 
 ADD COLUMN with a constant default and NOT NULL only writes the catalog (PostgreSQL
 11+): no table rewrite, no index. The database default stays (db_default): the engine's
-raw INSERTs (insert.sql, insert_all.sql) name no such column.
+raw INSERTs (insert.sql, insert_all.sql) name no such column. The model is unmanaged
+(migrations/0001_initial.py owns the DDL), as for every column since.
 """
 
-from django.db import migrations, models
+from django.db import migrations
+
+UP = "ALTER TABLE gen_durable ADD COLUMN claim bigint NOT NULL DEFAULT 0;"
+DOWN = "ALTER TABLE gen_durable DROP COLUMN IF EXISTS claim;"
 
 
 class Migration(migrations.Migration):
     dependencies = [("gen_durable", "0010_history")]
 
-    operations = [
-        migrations.AddField(
-            model_name="instance",
-            name="claim",
-            field=models.BigIntegerField(db_default=0, editable=False),
-        ),
-    ]
+    operations = [migrations.RunSQL(UP, DOWN)]

@@ -287,11 +287,14 @@ def adopt_known(queue: str, limit: int, using=None) -> list[int]:
                                                          "steps": db.pg_array(steps), "limit": int(limit)}, using)]
 
 
-def still_owned(ids, worker: str, using=None) -> set[int]:
-    """The subset of `ids` still claimed by `worker` (not cancelled or reaped). Statements: 1."""
-    if not ids:
+def still_owned(jobs, worker: str, using=None) -> set[int]:
+    """The ids of `jobs` (claims) still held by `worker` under the same claim: not
+    cancelled, reaped, or claimed again since. Statements: 1."""
+    if not jobs:
         return set()
-    return {r[0] for r in db.fetchall(sql.STILL_OWNED, {"ids": db.pg_array(ids), "worker": worker}, using)}
+    params = {"ids": db.pg_array([j.id for j in jobs]), "claims": db.pg_array([j.claim for j in jobs]),
+              "worker": worker}
+    return {r[0] for r in db.fetchall(sql.STILL_OWNED, params, using)}
 
 
 def heartbeat(ids, worker: str, ttl: float, using=None) -> list[int]:

@@ -793,7 +793,7 @@ class Scheduler:
                 waiting.wait()
                 continue  # answered (or failed: then re-checked here)
             try:
-                owned = still_owned([b.id for b in batch], self.worker_id, self.using)
+                owned = still_owned(batch, self.worker_id, self.using)
             except Exception:
                 logger.warning("could not re-check buffered row %s#%s; running it", job.fsm, job.id, exc_info=True)
                 for b in batch[1:]:

@@ -81,11 +81,11 @@ def test_a_failed_recheck_does_not_vouch_for_the_other_rows_of_its_batch(engine,
     calls = []
     real = scheduler.still_owned
 
-    def failing_once(ids, worker, using=None):
-        calls.append(list(ids))
+    def failing_once(jobs, worker, using=None):
+        calls.append([j.id for j in jobs])
         if len(calls) == 1:
             raise RuntimeError("connection lost during the re-check")
-        return real(ids, worker, using)
+        return real(jobs, worker, using)
 
     monkeypatch.setattr(scheduler, "still_owned", failing_once)
     blockers, buffered = _fill(engine, queue_name, settings, concurrency=1, n=6, prefetch=20, machine=machine)
