@@ -165,7 +165,8 @@ def test_an_entry_that_does_not_name_its_parent_still_joins_it_alone(committed, 
         cur.execute("UPDATE gen_durable SET parent_id = %s WHERE id = %s", [parent.id, child.id])
         cur.execute("UPDATE gen_durable SET status = 'awaiting_children', children_pending = 1, locked_by = NULL "
                     "WHERE id = %s", [parent.id])
-    entry = Entry(id=child.id, worker=WORKER, kind="done", result="{}", fsm=Plain.name, from_step="start")
+    entry = Entry(id=child.id, worker=WORKER, claim=child.claim, kind="done", result="{}", fsm=Plain.name,
+                  from_step="start")
     result = flush([entry], alone=True)
     assert result.committed == {child.id: "done"} and result.woken == {queue_name}
     with connection.cursor() as cur:

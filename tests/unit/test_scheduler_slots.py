@@ -143,7 +143,7 @@ def test_an_async_chains_next_task_stays_known_when_its_commit_beats_the_last_ta
     aio_submit, aio.submit = aio.submit, submit_task
     job = Claimed(id=7, fsm="tests.AsyncChainGate", fsm_version=1, step="a", state={}, attempt=0, awaits=None,
                   queue="q", priority=0, eligible_at=0.0, concurrency_key=None, concurrency_shard=None,
-                  rate_limit=None, weight=1.0, correlation_key=None, parent_id=None, worker="w",
+                  rate_limit=None, weight=1.0, correlation_key=None, parent_id=None, claim=1, worker="w",
                   raw_state=json.dumps({}))
     job.is_async = True
     am.ASYNC_GATE.clear()
