@@ -1,12 +1,17 @@
 -- release: hand claimed-but-unstarted rows back to runnable (shutdown, limiter denials).
 -- Contract: docs/design.md#leases, docs/design.md#worker. No attempt bump.
--- Params: ids bigint[], worker text. Guard: locked_by = worker AND status = 'executing'.
+-- Params: ids bigint[], claims bigint[] (each id's claim counter as pick.sql set it),
+--   worker text. Guard: the claim AND locked_by = worker AND status = 'executing': a
+--   buffered claim whose row was cancelled, retried and claimed again by this same worker
+--   releases nothing (nor credits a slot) — the newer claim holds the row now
+--   (docs/design.md#outcomes).
 WITH owned AS (
     SELECT id,
            CASE WHEN correlation_guard IS NULL AND 'runnable' = ANY (correlation_scope)
                 THEN correlation_key END AS entering_key
     FROM gen_durable
     WHERE id = ANY (%(ids)s::bigint[]) AND locked_by = %(worker)s AND status = 'executing'
+      AND (id, claim) IN (SELECT * FROM unnest(%(ids)s::bigint[], %(claims)s::bigint[]))
       -- Skip (and leave waiting) a row whose key another row holds while runnable:
       -- its move would collide in the unique correlation index (docs/design.md#isolation).
       AND NOT EXISTS (SELECT 1 FROM gen_durable c

@@ -111,7 +111,7 @@ def pick(queue: str, limit: int, worker: str, ttl: float, *, gates=(), using=Non
         if limiter is not None:
             jobs = admit_claimed(jobs, queue, worker, limiter, limit, stats, using)
         elif len(jobs) > limit:
-            release([j.id for j in jobs[limit:]], worker, using)
+            release(jobs[limit:], worker, using)
             jobs = jobs[:limit]
         if jobs:
             enrich(jobs, using)
@@ -197,13 +197,13 @@ def release_jobs(jobs, worker: str, limiter=None, using=None) -> list[int]:
         return []
     slots = {j.id: j.slot for j in jobs if j.slot is not None}
     if limiter is None or not slots:
-        return release([j.id for j in jobs], worker, using)
+        return release(jobs, worker, using)
     if limiter.transactional:
         with transaction.atomic(using=database_alias(using)):
-            released = release([j.id for j in jobs], worker, using)
+            released = release(jobs, worker, using)
             limiter.credit([slots[i] for i in released if i in slots])
         return released
-    released = release([j.id for j in jobs], worker, using)
+    released = release(jobs, worker, using)
     limiter.credit([slots[i] for i in released if i in slots])
     return released
 
@@ -237,11 +237,15 @@ def load_children(ids, using=None) -> dict:
     return out
 
 
-def release(ids, worker: str, using=None) -> list[int]:
-    """Return claimed, unstarted rows to runnable (no attempt bump). Statements: 1."""
-    if not ids:
+def release(jobs, worker: str, using=None) -> list[int]:
+    """Return claimed, unstarted rows (`jobs`: claims, with their id and claim counter)
+    to runnable, no attempt bump; a row claimed again since stays with its newer claim.
+    Returns the ids released. Statements: 1."""
+    if not jobs:
         return []
-    return [r[0] for r in db.fetchall(sql.RELEASE, {"ids": db.pg_array(ids), "worker": worker}, using)]
+    params = {"ids": db.pg_array([j.id for j in jobs]), "claims": db.pg_array([j.claim for j in jobs]),
+              "worker": worker}
+    return [r[0] for r in db.fetchall(sql.RELEASE, params, using)]
 
 
 _unknown_logged: set = set()

@@ -263,7 +263,7 @@ class Scheduler:
         limiter = self.limiter
         transactional = bool(slots) and limiter is not None and limiter.transactional
         with connections.engine_transaction(self.using) if transactional else nullcontext():
-            released = release([j.id for j in jobs], self.worker_id, self.using)
+            released = release(jobs, self.worker_id, self.using)
             if slots and limiter is not None:
                 limiter.credit([slots[i] for i in released if i in slots])
         return released

@@ -87,7 +87,7 @@ def test_a_throttled_head_of_10000_rows_does_not_starve_100_rows_behind_it(confi
         window = LIMITED_WINDOW if stats.get("denied", 0) * 2 >= stats.get("claimed", 1) and stats.get("denied") else None
         got |= {j.id for j in jobs if j.id in free}
         throttled_run += sum(j.id not in free for j in jobs)
-        claims.release([j.id for j in jobs], "hol")  # "ran": out of the way (unlimited rows are not re-picked: see below)
+        claims.release(jobs, "hol")  # "ran": out of the way (unlimited rows are not re-picked: see below)
         with connection.cursor() as cur:
             cur.execute("UPDATE gen_durable SET status = 'done' WHERE id = ANY(%s)", [[j.id for j in jobs]])
     assert got == free

@@ -95,7 +95,7 @@ def test_pick_touches_about_a_batch_of_rows_when_run(scale):
     ("JOIN_PARENTS", {"parent_id": [1, 2], "n": [1, 2]}),
     ("HEARTBEAT", {"ids": list(range(1, 51)), "worker": "w", "ttl": 60.0}),
     ("STILL_OWNED", {"ids": list(range(1, 51)), "claims": [1] * 50, "worker": "w"}),
-    ("RELEASE", {"ids": list(range(1, 51)), "worker": "w"}),
+    ("RELEASE", {"ids": list(range(1, 51)), "claims": [1] * 50, "worker": "w"}),
     ("RECLAIM", {"queue": "q1", "prefix": "host:q1:", "margin": 20.0}),
     ("REAP", {"limit": 1000, "history": True}),
     ("EXPIRE_AWAITS", {"force": False, "limit": 1000}),

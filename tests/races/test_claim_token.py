@@ -115,3 +115,15 @@ def test_cancel_then_retry_during_a_step_same_worker(engine, committed, queue_na
     # Exactly the second run's two steps: nothing of the cancelled run committed (with
     # its late Next committed, the count restarts and a third step runs).
     assert len(outcomes) == 2 and outcomes[-1] == "done", outcomes
+
+
+def test_releasing_an_older_claim_leaves_the_newer_one_holding_the_row(committed, queue_name):
+    """The buffer hands back (release.sql) the claims it holds: an older claim of a row
+    this worker claimed again releases nothing, so the newer claim keeps the row (and no
+    gate slot is credited for it)."""
+    first, second = _reclaimed(queue_name)
+    assert claims.release([first], WORKER) == []
+    row = Instance.objects.get(id=first.id)
+    assert (row.status, row.locked_by, row.claim) == ("executing", WORKER, second.claim)
+    assert claims.release([second], WORKER) == [second.id]
+    assert Instance.objects.get(id=first.id).status == "runnable"

@@ -77,7 +77,7 @@ def test_release_and_await_expiry_skip_the_colliding_row(committed, queue_name):
     assert {j.id for j in mine} == {other, holder}
     Instance.objects.filter(id=stuck).update(locked_by="w")
     Instance.objects.filter(id=holder).update(status="runnable", locked_by=None)  # holds "k" again
-    assert set(claims.release([stuck, other], "w")) == {other}
+    assert set(claims.release(Instance.objects.filter(id__in=[stuck, other]), "w")) == {other}
     again = gd.insert(Plain, queue=queue_name)
     claims.pick(queue_name, 50, "w", 60)
     Instance.objects.filter(id=holder).update(status="runnable", locked_by=None)
