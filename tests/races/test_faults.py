@@ -140,12 +140,12 @@ def test_shutdown_releases_buffered_rows_even_when_one_is_locked_for_a_moment(
     real_release, calls = scheduler_module.release, []
 
     def release_while_locked(batch, worker, using=None):
-        calls.append(sorted(batch))
+        calls.append(sorted(j.id for j in batch))
         if len(calls) > 1:
             return real_release(batch, worker, using)
         hold.unlink()  # picking has stopped: the running step may finish during the drain
         with other_session() as other:
-            other.execute("SELECT id FROM gen_durable WHERE id = ANY(%s) FOR NO KEY UPDATE", [list(batch)])
+            other.execute("SELECT id FROM gen_durable WHERE id = ANY(%s) FOR NO KEY UPDATE", [[j.id for j in batch]])
             return real_release(batch, worker, using)  # skips them all; the lock goes at commit
 
     monkeypatch.setattr(scheduler_module, "release", release_while_locked)
