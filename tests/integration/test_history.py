@@ -404,3 +404,59 @@ def test_the_timeline_is_read_from_the_instances_own_database(admin_client, queu
     body = admin_client.get(DETAIL.format(id_) + "?database=other").content.decode()
     table = body.split('id="gd-timeline"')[1].split("</table>")[0]
     assert table.count('<tr class="gd-attempt">') == 3 and "<code>third</code>" in table
+
+
+# --- a locked history table costs entries, never outcomes ---------------------------------------
+
+def _other_session():
+    import psycopg
+
+    s = connection.settings_dict
+    return psycopg.connect(dbname=s["NAME"], user=s["USER"] or "postgres", host=s["HOST"] or "127.0.0.1",
+                           port=s["PORT"] or 5432)
+
+
+def test_a_locked_history_table_drops_entries_and_keeps_outcomes_flowing(committed, queue_name, settings,
+                                                                         monkeypatch, events):
+    """REINDEX, VACUUM FULL, an ALTER or LOCK TABLE on gen_durable_history holds a lock the
+    timeline's INSERT waits for: the write gives up on history_begin.sql's short
+    lock_timeout, not LOCK_TIMEOUT (60 s here, longer than each commit may wait), so every
+    outcome behind it commits while the lock is held."""
+    from gen_durable.worker import flusher as flusher_module
+    from gen_durable.worker.flusher import Flusher
+
+    settings.GEN_DURABLE = {**settings.GEN_DURABLE, "LOCK_TIMEOUT": 60, "STATEMENT_TIMEOUT": 120}
+    monkeypatch.setattr(flusher_module, "HISTORY_DELAY", 0.0)  # a timeline write after every flush
+    jobs = claims.pick(*_claim(queue_name, Plain, 20))
+    other = _other_session()
+    other.execute("LOCK TABLE gen_durable_history IN SHARE MODE")
+    flusher = Flusher().start()
+    try:
+        for job in jobs:
+            flusher.step_started()
+            assert flusher.commit(stamped(Done(None), Plain, job), timeout=20) == "committed"
+        assert Instance.objects.filter(id__in=[j.id for j in jobs], status="done").count() == 20  # lock still held
+    finally:
+        other.rollback()
+        other.close()
+        flusher.stop(timeout=10)
+    errors = [meta["error"] for e, _, meta in events if e == "history.error"]
+    assert errors and all("lock timeout" in err for err in errors), errors
+    assert HistoryEntry.objects.filter(instance_id__in=[j.id for j in jobs]).count() < 20  # entries were dropped
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_timeline_write_in_a_callers_transaction_leaves_its_settings_alone(queue_name):
+    """drain() writes inside the caller's transaction.atomic(): the asynchronous commit and
+    the short lock_timeout are for the write's own transaction only."""
+    from django.db import transaction
+
+    from gen_durable.worker.flusher import write_history_rows
+
+    with transaction.atomic():
+        assert write_history_rows([(10**12, 0, "s", "done", None, "w", None, None)]) == 1
+        with connection.cursor() as cur:
+            cur.execute("SELECT current_setting('synchronous_commit'), current_setting('lock_timeout')")
+            inside = cur.fetchone()
+        HistoryEntry.objects.filter(instance_id=10**12).delete()
+    assert inside[0] == "on" and inside[1] != "50ms", inside
