@@ -460,3 +460,58 @@ def test_a_timeline_write_in_a_callers_transaction_leaves_its_settings_alone(que
             inside = cur.fetchone()
         HistoryEntry.objects.filter(instance_id=10**12).delete()
     assert inside[0] == "on" and inside[1] != "50ms", inside
+
+
+# --- every hand-back of an attempt leaves its entry ----------------------------------------------
+
+def _executing(id_, worker, lease_s=30, claimed_ago_s=0):
+    """Make `id_` a claim of `worker` (a dead process's, as far as the test goes)."""
+    with connection.cursor() as cur:
+        cur.execute("UPDATE gen_durable SET status = 'executing', locked_by = %s, step = 'start', "
+                    "lease_expires_at = now() + make_interval(secs => %s), "
+                    "updated_at = now() - make_interval(secs => %s) WHERE id = %s",
+                    [worker, lease_s, claimed_ago_s, id_])
+
+
+@pytest.mark.parametrize("crowd", [1, 2])
+def test_a_reclaimed_attempt_is_a_lost_attempt(committed, queue_name, crowd):
+    """A restarted worker handing back its dead predecessor's claims (reclaim.sql) writes
+    the attempt's `lost` entry in the same statement — counted (the only row the dead
+    worker held) or not (a bystander of a crash), as last_error says."""
+    ids = [gd.insert(Plain, queue=queue_name) for _ in range(crowd)]
+    for id_ in ids:
+        _executing(id_, "host-a:123:w0")
+    assert sorted(claims.reclaim(queue_name, "host-a:123:", margin=3600)) == ids
+    for id_ in ids:
+        row = Instance.objects.get(id=id_)
+        (entry,) = entries_of(id_)
+        assert (entry.step, entry.attempt, entry.outcome, entry.worker) == ("start", 0, "lost", "host-a:123:w0")
+        assert entry.error == row.last_error and entry.started_at <= entry.finished_at
+        assert row.attempt == (1 if crowd == 1 else 0) and ("not counted" in row.last_error) == (crowd > 1)
+
+
+def test_a_reclaim_without_history_writes_no_entry(committed, queue_name, settings):
+    settings.GEN_DURABLE = {**settings.GEN_DURABLE, "HISTORY": {"ENABLED": False}}
+    id_ = gd.insert(Plain, queue=queue_name)
+    _executing(id_, "host-a:123:w0")
+    assert claims.reclaim(queue_name, "host-a:123:", margin=3600) == [id_]
+    assert entries_of(id_) == []
+
+
+@pytest.mark.parametrize("how", ["reap", "abandon", "reclaim"])
+def test_a_lost_inline_link_starts_after_the_link_before_it(committed, queue_name, how):
+    """An inline chain keeps updated_at at the chain's claim: the handed-back link starts
+    when the chain's newest entry ended, not before the links that ran ahead of it."""
+    id_ = gd.insert(Plain, queue=queue_name)
+    _executing(id_, "host-a:123:w0", lease_s=-1 if how == "reap" else 30, claimed_ago_s=20)
+    HistoryEntryFactory(instance_id=id_, attempt=0, step="start", outcome="inline", worker="host-a:123:w0",
+                        started_at=timezone.now() - timedelta(seconds=20),
+                        finished_at=timezone.now() - timedelta(seconds=1))
+    if how == "reap":
+        assert maintenance.reap() == [id_]
+    elif how == "abandon":
+        assert claims.abandon([id_], "host-a:123:w0", 5.0) == [id_]
+    else:
+        assert claims.reclaim(queue_name, "host-a:123:", margin=3600) == [id_]
+    inline, cut = entries_of(id_)
+    assert cut.outcome in ("lost", "abandoned") and cut.started_at == inline.finished_at
