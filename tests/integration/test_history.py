@@ -515,3 +515,16 @@ def test_a_lost_inline_link_starts_after_the_link_before_it(committed, queue_nam
         assert claims.reclaim(queue_name, "host-a:123:", margin=3600) == [id_]
     inline, cut = entries_of(id_)
     assert cut.outcome in ("lost", "abandoned") and cut.started_at == inline.finished_at
+
+
+def test_a_new_gc_process_trims_instances_over_the_cap_before_it_started(committed):
+    """A GC process's first pass starts from the oldest entry: an instance that went over
+    MAX_PER_INSTANCE while no GC ran (or before a restart, or before the cap was lowered)
+    is trimmed, however many entries were written after it."""
+    flood = HistoryEntryFactory.create_batch(30, instance_id=1)
+    HistoryEntryFactory.create_batch(20, instance_id=2)  # newer than the whole flood
+    sweep = maintenance.make_gc_sweep(86400, 5, None, history={"RETENTION": 86400, "MAX_PER_INSTANCE": 3})
+    sweep()
+    kept = list(HistoryEntry.objects.filter(instance_id=1).order_by("id").values_list("id", flat=True))
+    assert kept == [e.id for e in flood[-3:]]
+    assert HistoryEntry.objects.filter(instance_id=2).count() == 3
