@@ -222,6 +222,8 @@ def test_the_gc_sweep_trims_the_timeline_with_the_terminal_rows(committed, event
     ({"RETENTION": float("inf")}, "['RETENTION'] must be a number of seconds"),
     ({"MAX_PER_INSTANCE": 0}, "['MAX_PER_INSTANCE'] must be an int >= 1"),
     ({"MAX_PER_INSTANCE": 2.5}, "['MAX_PER_INSTANCE'] must be an int >= 1"),
+    ({"MAX_PER_INSTANCE": 2**31}, "['MAX_PER_INSTANCE'] must be an int >= 1 and <= 2147483647"),
+    ({"MAX_PER_INSTANCE": 2**63}, "<= 2147483647"),
     ({"MAX_PER_INSTNACE": 5}, "Did you mean 'MAX_PER_INSTANCE'?"),
 ])
 def test_a_bad_history_setting_is_check_e110(settings, value, text):
@@ -229,6 +231,11 @@ def test_a_bad_history_setting_is_check_e110(settings, value, text):
     errors = check_history()
     assert [e.id for e in errors] == ["gen_durable.E110"]
     assert text in errors[0].msg + " " + (errors[0].hint or "")
+
+
+def test_the_largest_max_per_instance_e110_passes_is_one_the_gc_runs_with(committed):
+    HistoryEntryFactory.create_batch(2, instance_id=1)
+    assert maintenance.gc_history(retention=86400, cap=2**31 - 1, batch=10)[0] == 0
 
 
 def test_a_good_history_setting_passes(settings):
