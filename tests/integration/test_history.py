@@ -535,3 +535,27 @@ def test_a_new_gc_process_trims_instances_over_the_cap_before_it_started(committ
     kept = list(HistoryEntry.objects.filter(instance_id=1).order_by("id").values_list("id", flat=True))
     assert kept == [e.id for e in flood[-3:]]
     assert HistoryEntry.objects.filter(instance_id=2).count() == 3
+
+
+@pytest.mark.django_db(databases=["default", "other"])
+def test_the_timeline_merges_only_the_admin_log_of_the_instances_own_database(admin_client, queue_name):
+    """The admin log keys an entry by the bare id: instance #x on `other` and #x on the
+    default database are two instances, and each timeline shows only its own actions."""
+    from tests.integration.test_admin_audit import _act
+
+    x = gd.insert(Plain, queue=queue_name, using="other")
+    Instance.objects.using("default").filter(id=x).delete()
+    Instance.objects.using("default").bulk_create([InstanceFactory.build(id=x, queue=queue_name)])
+    admin_client.post(_act("cancel", x), {"ids": str(x), "reason": "cancelled-on-default"})
+    admin_client.post(_act("cancel", x) + "&database=other",
+                      {"ids": str(x), "reason": "cancelled-on-other", "database": "other"})
+    assert {Instance.objects.using(a).get(id=x).status for a in ("default", "other")} == {"failed"}
+
+    def table(query=""):
+        body = admin_client.get(DETAIL.format(x) + query).content.decode()
+        return body.split('id="gd-timeline"')[1].split("</table>")[0]
+
+    other, default = table("?database=other"), table()
+    assert "cancelled-on-other" in other and "cancelled-on-default" not in other
+    assert "cancelled-on-default" in default and "cancelled-on-other" not in default
+    assert "[database other]" in other  # the History page and recent actions name it too
