@@ -25,6 +25,9 @@ def _num(v, *, positive=False, minimum=0):
     return ok and (v > 0 if positive else v >= minimum)
 
 
+INT4_MAX = 2**31 - 1  # the largest value a Postgres int parameter takes
+
+
 def _int(v, *, minimum=0):
     return isinstance(v, int) and not isinstance(v, bool) and v >= minimum
 
@@ -227,7 +230,8 @@ HISTORY_KEYS = ("ENABLED", "RETENTION", "MAX_PER_INSTANCE")
 @register(Tags.compatibility)
 def check_history(app_configs=None, **kwargs):
     """E110: HISTORY is a dict of ENABLED (a bool), RETENTION (seconds >= 0, at most 100
-    years) and MAX_PER_INSTANCE (an int >= 1)."""
+    years) and MAX_PER_INSTANCE (an int >= 1 and <= 2**31 - 1: the GC sends it as a
+    Postgres int, and a larger value would fail every GC tick)."""
     value = get_settings().HISTORY
     hint = 'For example {"ENABLED": True, "RETENTION": 86400, "MAX_PER_INSTANCE": 100} (docs/guide.md).'
     if not isinstance(value, dict):
@@ -244,8 +248,8 @@ def check_history(app_configs=None, **kwargs):
         elif k == "RETENTION" and not (_num(v) and math.isfinite(v) and v <= limit):
             problem, fix = (f"['RETENTION'] must be a number of seconds >= 0 and <= {shown}, got {v!r}",
                             "The GC sweep deletes timeline entries older than this.")
-        elif k == "MAX_PER_INSTANCE" and not _int(v, minimum=1):
-            problem, fix = (f"['MAX_PER_INSTANCE'] must be an int >= 1, got {v!r}",
+        elif k == "MAX_PER_INSTANCE" and not (_int(v, minimum=1) and v <= INT4_MAX):
+            problem, fix = (f"['MAX_PER_INSTANCE'] must be an int >= 1 and <= {INT4_MAX}, got {v!r}",
                             "The GC sweep keeps this many of an instance's newest entries.")
         else:
             continue

@@ -829,16 +829,32 @@ def audit_instances(request, ids, message, using=None) -> None:
     INSERT: who (request.user), when (action_time), what and why (message); shown on the
     instance's History page and in the admin's recent actions. The rows are read from
     `using`, the database they were changed in (default GEN_DURABLE['DATABASE']): another
-    database's row with the same id is another instance."""
+    database's row with the same id is another instance. LogEntry keeps only the bare id,
+    so an entry of another database starts its message with `database_mark(alias)` (and
+    names it after its object_repr): the History page and recent actions say which
+    instance it was, and the detail page's timeline lists only its own database's."""
     from django.contrib.admin.models import CHANGE, LogEntry
     from django.contrib.contenttypes.models import ContentType
 
+    using = using or database_alias()
+    mark = database_mark(using)
     content_type = ContentType.objects.get_for_model(Instance)
-    rows = Instance.objects.using(using or database_alias()).filter(id__in=ids).only("id", "fsm", "step", "status")
+    rows = Instance.objects.using(using).filter(id__in=ids).only("id", "fsm", "step", "status")
     LogEntry.objects.bulk_create([
         LogEntry(user_id=request.user.pk, content_type=content_type, object_id=str(row.id),
-                 object_repr=str(row)[:200], action_flag=CHANGE, change_message=message)
+                 object_repr=(str(row)[:200 - len(mark) - 1] + " " + mark.strip()) if mark else str(row)[:200],
+                 action_flag=CHANGE, change_message=mark + message)
         for row in rows])
+
+
+DATABASE_MARK = "[database "  # how a LogEntry of another database's instance starts its message
+
+
+def database_mark(alias: str) -> str:
+    """The prefix of the admin log message of an action on database `alias`: none for the
+    default one (GEN_DURABLE['DATABASE'], and every entry written before databases were
+    marked), `[database ALIAS] ` for another."""
+    return "" if alias == database_alias() else f"{DATABASE_MARK}{alias}] "
 
 
 def audit_all_matching(request, action, filt, data, result, using=None, error=None) -> None:

@@ -32,16 +32,26 @@ def timeline(instance_id: int, using: str | None = None, limit: int = TIMELINE_L
     """The newest `limit` events of instance `instance_id`, newest first.
 
     using: the database the instance lives on (its history is there); the admin log is
-    on Django's default database. Statements: one per source (the history's through
-    gen_durable_history_instance), plus Django's cached content-type lookup once.
+    on Django's default database and keys an entry by the bare id, so only the entries
+    of this database are merged: those marked with it (site.database_mark) for another
+    database, the unmarked ones for the default. Statements: one per source (the
+    history's through gen_durable_history_instance), plus Django's cached content-type
+    lookup once.
     """
     from django.contrib.admin.models import LogEntry
     from django.contrib.contenttypes.models import ContentType
 
-    entries = list(HistoryEntry.objects.using(using).filter(instance_id=instance_id).order_by("-id")[:limit])
+    from ..conf import database_alias
+    from .site import DATABASE_MARK, database_mark
+
+    alias = using or database_alias()
+    entries = list(HistoryEntry.objects.using(alias).filter(instance_id=instance_id).order_by("-id")[:limit])
     content_type = ContentType.objects.get_for_model(Instance)
-    logs = list(LogEntry.objects.filter(content_type=content_type, object_id=str(instance_id))
-                .select_related("user").order_by("-action_time", "-id")[:limit])
+    logs = LogEntry.objects.filter(content_type=content_type, object_id=str(instance_id))
+    mark = database_mark(alias)
+    logs = logs.filter(change_message__startswith=mark) if mark else logs.exclude(
+        change_message__startswith=DATABASE_MARK)
+    logs = list(logs.select_related("user").order_by("-action_time", "-id")[:limit])
     events = [Event(e.finished_at, entry=e) for e in entries] + [Event(g.action_time, log=g) for g in logs]
     events.sort(key=lambda ev: ev.at, reverse=True)
     return events[:limit]

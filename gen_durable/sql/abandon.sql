@@ -53,12 +53,15 @@ WITH owned AS (
     WHERE g.id = owned.id
     RETURNING g.id, g.queue, owned.concurrency_key, owned.concurrency_shard
 ), cut AS (
-    -- The cut-off attempt, from its claim (updated_at) to now, with the text of last_error.
+    -- The cut-off attempt, from its claim (updated_at) — or the end of the instance's newest
+    -- entry, later for a link of an inline chain (updated_at stays at the chain's claim) —
+    -- to now, with the text of last_error.
     INSERT INTO gen_durable_history (instance_id, attempt, step, outcome, error, worker, started_at, finished_at)
     SELECT x.id, x.attempt, x.step, 'abandoned',
            format('the worker shut down during step %%s (attempt %%s): still running after '
                   'DRAIN_TIMEOUT (%%s s)', x.step, x.attempt + 1, %(drain)s::float8),
-           %(worker)s, x.claimed_at, now()
+           %(worker)s, GREATEST(x.claimed_at, (SELECT h.finished_at FROM gen_durable_history h
+                                   WHERE h.instance_id = x.id ORDER BY h.id DESC LIMIT 1)), now()
     FROM upd JOIN owned_first x ON x.id = upd.id
     WHERE %(history)s::bool
 ), wake AS (

@@ -1,7 +1,8 @@
 -- history_gc_cap: keep at most `cap` timeline entries per instance (HISTORY['MAX_PER_INSTANCE']).
 -- Contract: docs/design.md#history.
--- Params: after bigint (the last id a previous pass read; NULL: start `batch` entries
---   before the newest), batch int, cap int.
+-- Params: after bigint (the last id a previous pass read; NULL: from the oldest entry,
+--   so a GC process's first pass also trims what was written before it started or
+--   before MAX_PER_INSTANCE was lowered), batch int, cap int.
 -- Reads the next `batch` entries after `after` (primary key); only an instance with
 --   an entry written since the last pass can have gone over the cap. For each of their
 --   instances, the entries older than its newest `cap` (gen_durable_history_instance,
@@ -12,7 +13,7 @@
 --   passes in several processes wait for each other at worst, never deadlock.
 WITH seen AS (
     SELECT id, instance_id FROM gen_durable_history
-    WHERE id > COALESCE(%(after)s::bigint, (SELECT max(id) FROM gen_durable_history) - %(batch)s)
+    WHERE id > COALESCE(%(after)s::bigint, 0)
     ORDER BY id LIMIT %(batch)s
 ), excess AS (
     SELECT x.id

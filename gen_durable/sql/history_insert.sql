@@ -12,12 +12,10 @@
 --   one value as step_1 / outcome_1 / worker_1 when every entry shares it.
 -- Times: the database's clock (now()) less what the worker measured on its monotonic
 --   clock, so entries compare with updated_at and with each other across hosts.
--- Commit: asynchronous (synchronous_commit off for this statement's own transaction:
---   set_config(…, true) lasts until its commit). The outcomes it describes were
---   already flushed to the WAL; losing the newest entries in a server crash is the
---   price of not waiting for a second WAL flush per batch.
+-- Transaction: its own, after history_begin.sql (a 50 ms lock_timeout, an asynchronous
+--   commit), unless a caller's transaction holds it (drain(), tests): then neither
+--   setting, so nothing leaks into the caller's transaction.
 -- Index: appends to the primary key and to gen_durable_history_instance.
-WITH async AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true))
 INSERT INTO gen_durable_history (instance_id, attempt, step, outcome, error, worker, started_at, finished_at)
 SELECT i.id, i.attempt, COALESCE(i.s, %(step_1)s::text), COALESCE(i.o, %(outcome_1)s::text), i.error,
        COALESCE(i.w, %(worker_1)s::text),
@@ -25,4 +23,3 @@ SELECT i.id, i.attempt, COALESCE(i.s, %(step_1)s::text), COALESCE(i.o, %(outcome
 FROM unnest(%(id)s::bigint[], %(attempt)s::int[], %(step)s::text[], %(outcome)s::text[],
             %(error)s::text[], %(worker)s::text[], %(began)s::bigint[], %(ended)s::bigint[])
      AS i(id, attempt, s, o, error, w, began, ended)
-CROSS JOIN async

@@ -55,11 +55,14 @@ WITH expired AS (
     WHERE g.id = expired.id
     RETURNING g.id, g.queue, expired.concurrency_key, expired.concurrency_shard, expired.locked_by
 ), lost AS (
-    -- The lost attempt, from its claim (updated_at) to now, with the text of last_error.
+    -- The lost attempt, from its claim (updated_at) — or the end of the instance's newest
+    -- entry, later for a link of an inline chain (updated_at stays at the chain's claim) —
+    -- to now, with the text of last_error.
     INSERT INTO gen_durable_history (instance_id, attempt, step, outcome, error, worker, started_at, finished_at)
     SELECT x.id, x.attempt, x.step, 'lost',
            format('the worker died or lost its lease during step %%s (attempt %%s)', x.step, x.attempt + 1),
-           x.locked_by, x.claimed_at, now()
+           x.locked_by, GREATEST(x.claimed_at, (SELECT h.finished_at FROM gen_durable_history h
+                                   WHERE h.instance_id = x.id ORDER BY h.id DESC LIMIT 1)), now()
     FROM upd JOIN expired_first x ON x.id = upd.id
     WHERE %(history)s::bool
 ), wake AS (

@@ -1,6 +1,9 @@
 -- reclaim: at start-up, hand back a dead predecessor's claims on this host and queue.
 -- Contract: docs/design.md#leases.
--- Params: queue text, prefix text (worker-id prefix), margin float8 (seconds).
+-- Params: queue text, prefix text (worker-id prefix), margin float8 (seconds),
+--   history bool (HISTORY on: each handed-back attempt, counted or not, gets its timeline
+--   entry, outcome 'lost' with the text of last_error, in this statement, as reap.sql
+--   does — docs/design.md#history).
 --   Host-level prefix, margin LEASE_TTL - 2 x HEARTBEAT_INTERVAL: a live owner
 --   heartbeats, so its leases stay above the margin; only claims not renewed for two
 --   intervals are taken. A dead process's own prefix (`--processes N` restarting a
@@ -42,30 +45,41 @@ WITH stale AS (
                    FROM stale x) y
     WHERE rk = 1
 ), charged AS (
-    SELECT s.*, (s.crowd = 1 OR COALESCE(g.last_error, '') LIKE 'the worker died%%during step ' || g.step || ' (%%') AS counted
+    SELECT s.*, g.step, g.attempt, g.updated_at AS claimed_at, (s.crowd = 1 OR COALESCE(g.last_error, '') LIKE 'the worker died%%during step ' || g.step || ' (%%') AS counted
     FROM stale_first s JOIN gen_durable g ON g.id = s.id
+), upd AS (
+    UPDATE gen_durable g
+    SET status = 'runnable', locked_by = NULL, lease_expires_at = NULL,
+        concurrency_shard = NULL, attempt = g.attempt + stale.counted::int, eligible_at = now(),
+        last_error = CASE WHEN stale.counted THEN
+                         format('the worker died during step %%s (attempt %%s%%s); reclaimed at start-up', g.step,
+                                g.attempt + 1, CASE WHEN stale.crowd > 1 THEN format(
+                                    ': it was running at the crash before too, beside %%s other step(s) now',
+                                    stale.crowd - 1) ELSE '' END)
+                     ELSE format('the worker died during step %%s (attempt %%s not counted: %%s other step(s) ran '
+                                 'beside it, and a crash is charged to a row running at two in a row); '
+                                 'reclaimed at start-up', g.step, g.attempt + 1, stale.crowd - 1) END,
+        last_traceback = NULL,  -- no traceback: the attempt ended without an exception
+        updated_at = now(),
+        attempt_log = CASE WHEN g.attempt_log IS NULL OR NOT stale.counted THEN g.attempt_log
+                           ELSE g.attempt_log || jsonb_build_array(jsonb_build_object(
+                                'worker_id', g.locked_by, 'started_at', g.updated_at,
+                                'error', jsonb_build_object(
+                                    'exception_class_path', 'gen_durable.exceptions.LeaseExpired',
+                                    'traceback', 'gen_durable.exceptions.LeaseExpired: ' || g.locked_by
+                                        || ' died before the attempt recorded an outcome (reclaimed at '
+                                        || 'start-up by a worker on the same host)'))) END
+    FROM charged stale
+    WHERE g.id = stale.id
+    RETURNING g.id, stale.concurrency_key, stale.concurrency_shard, stale.locked_by, g.last_error
+), lost AS (
+    -- The attempt the dead worker held, from its claim (or the end of the instance's
+    -- newest entry, for a link of an inline chain: updated_at stays at the chain's claim).
+    INSERT INTO gen_durable_history (instance_id, attempt, step, outcome, error, worker, started_at, finished_at)
+    SELECT x.id, x.attempt, x.step, 'lost', upd.last_error, x.locked_by,
+           GREATEST(x.claimed_at, (SELECT h.finished_at FROM gen_durable_history h WHERE h.instance_id = x.id
+                                   ORDER BY h.id DESC LIMIT 1)), now()
+    FROM upd JOIN charged x ON x.id = upd.id
+    WHERE %(history)s::bool
 )
-UPDATE gen_durable g
-SET status = 'runnable', locked_by = NULL, lease_expires_at = NULL,
-    concurrency_shard = NULL, attempt = g.attempt + stale.counted::int, eligible_at = now(),
-    last_error = CASE WHEN stale.counted THEN
-                     format('the worker died during step %%s (attempt %%s%%s); reclaimed at start-up', g.step,
-                            g.attempt + 1, CASE WHEN stale.crowd > 1 THEN format(
-                                ': it was running at the crash before too, beside %%s other step(s) now',
-                                stale.crowd - 1) ELSE '' END)
-                 ELSE format('the worker died during step %%s (attempt %%s not counted: %%s other step(s) ran '
-                             'beside it, and a crash is charged to a row running at two in a row); '
-                             'reclaimed at start-up', g.step, g.attempt + 1, stale.crowd - 1) END,
-    last_traceback = NULL,  -- no traceback: the attempt ended without an exception
-    updated_at = now(),
-    attempt_log = CASE WHEN g.attempt_log IS NULL OR NOT stale.counted THEN g.attempt_log
-                       ELSE g.attempt_log || jsonb_build_array(jsonb_build_object(
-                            'worker_id', g.locked_by, 'started_at', g.updated_at,
-                            'error', jsonb_build_object(
-                                'exception_class_path', 'gen_durable.exceptions.LeaseExpired',
-                                'traceback', 'gen_durable.exceptions.LeaseExpired: ' || g.locked_by
-                                    || ' died before the attempt recorded an outcome (reclaimed at '
-                                    || 'start-up by a worker on the same host)'))) END
-FROM charged stale
-WHERE g.id = stale.id
-RETURNING g.id, stale.concurrency_key, stale.concurrency_shard, stale.locked_by
+SELECT id, concurrency_key, concurrency_shard, locked_by FROM upd

@@ -311,7 +311,10 @@ def heartbeat(ids, worker: str, ttl: float, using=None) -> list[int]:
 def reclaim(queue: str, prefix: str, margin: float, using=None, limiter=None) -> list[int]:
     """Hand back claims of `queue` under `prefix` whose lease decayed below `margin`
     seconds (runnable, attempt + 1); credit their gate slots. Returns the ids."""
-    params = {"queue": queue, "prefix": prefix, "margin": float(margin)}
+    from ..conf import history_enabled
+
+    params = {"queue": queue, "prefix": prefix, "margin": float(margin),
+              "history": history_enabled()}  # a handed-back attempt's timeline entry
     transactional = limiter is not None and limiter.transactional
     with transaction.atomic(using=database_alias(using)) if transactional else nullcontext():
         rows = db.fetchall(sql.RECLAIM, params, using)

@@ -290,14 +290,18 @@ def write_history_rows(rows, using=None) -> int:
     }
     for name, i in (("step", 2), ("outcome", 3), ("worker", 5)):
         params[name], params[name + "_1"] = db.batch_column([r[i] for r in rows])
+    from django.db import transaction
+
     conn = db.connection(using)
     try:
-        if conn.in_atomic_block:  # a caller's transaction (drain(), tests): a failure must not abort it
-            from django.db import transaction
-
-            with transaction.atomic(using=conn.alias):
-                db.execute(sql.HISTORY_INSERT, params, using)
-        else:
+        own = not conn.in_atomic_block
+        # A caller's transaction (drain(), tests) gets a savepoint, so a failure does not
+        # abort it, and no settings: SET LOCAL in a released savepoint would outlive it.
+        # Our own transaction gets history_begin.sql's short lock_timeout (a locked table
+        # costs entries, never the outcomes behind this write) and asynchronous commit.
+        with transaction.atomic(using=conn.alias):
+            if own:
+                db.execute(sql.HISTORY_BEGIN, None, using)
             db.execute(sql.HISTORY_INSERT, params, using)
     except Exception as exc:
         logger.warning("timeline entries of %d committed outcomes were not written (%s); the outcomes stand",

@@ -92,7 +92,9 @@ def gc(retention: float, batch: int, using=None, limiter=None) -> int:
 def gc_history(retention: float, cap: int, batch: int, after: int | None = None, using=None) -> tuple[int, int | None]:
     """Trim the timeline (gen_durable_history; docs/design.md#history): delete entries
     older than `retention` seconds, then all but the newest `cap` of each instance with
-    an entry written after id `after` (None: of the last `batch` entries written).
+    an entry written after id `after` (None: from the oldest entry — a new GC process
+    reads the whole timeline once, a batch per statement, so an instance that went over
+    the cap before it started, or before MAX_PER_INSTANCE was lowered, is trimmed too).
 
     Bounded batches (`batch` entries read and at most `batch` deleted per statement); a
     full batch is followed at once by another. Returns (entries deleted, the `after` to

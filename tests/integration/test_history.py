@@ -222,6 +222,8 @@ def test_the_gc_sweep_trims_the_timeline_with_the_terminal_rows(committed, event
     ({"RETENTION": float("inf")}, "['RETENTION'] must be a number of seconds"),
     ({"MAX_PER_INSTANCE": 0}, "['MAX_PER_INSTANCE'] must be an int >= 1"),
     ({"MAX_PER_INSTANCE": 2.5}, "['MAX_PER_INSTANCE'] must be an int >= 1"),
+    ({"MAX_PER_INSTANCE": 2**31}, "['MAX_PER_INSTANCE'] must be an int >= 1 and <= 2147483647"),
+    ({"MAX_PER_INSTANCE": 2**63}, "<= 2147483647"),
     ({"MAX_PER_INSTNACE": 5}, "Did you mean 'MAX_PER_INSTANCE'?"),
 ])
 def test_a_bad_history_setting_is_check_e110(settings, value, text):
@@ -229,6 +231,11 @@ def test_a_bad_history_setting_is_check_e110(settings, value, text):
     errors = check_history()
     assert [e.id for e in errors] == ["gen_durable.E110"]
     assert text in errors[0].msg + " " + (errors[0].hint or "")
+
+
+def test_the_largest_max_per_instance_e110_passes_is_one_the_gc_runs_with(committed):
+    HistoryEntryFactory.create_batch(2, instance_id=1)
+    assert maintenance.gc_history(retention=86400, cap=2**31 - 1, batch=10)[0] == 0
 
 
 def test_a_good_history_setting_passes(settings):
@@ -404,3 +411,151 @@ def test_the_timeline_is_read_from_the_instances_own_database(admin_client, queu
     body = admin_client.get(DETAIL.format(id_) + "?database=other").content.decode()
     table = body.split('id="gd-timeline"')[1].split("</table>")[0]
     assert table.count('<tr class="gd-attempt">') == 3 and "<code>third</code>" in table
+
+
+# --- a locked history table costs entries, never outcomes ---------------------------------------
+
+def _other_session():
+    import psycopg
+
+    s = connection.settings_dict
+    return psycopg.connect(dbname=s["NAME"], user=s["USER"] or "postgres", host=s["HOST"] or "127.0.0.1",
+                           port=s["PORT"] or 5432)
+
+
+def test_a_locked_history_table_drops_entries_and_keeps_outcomes_flowing(committed, queue_name, settings,
+                                                                         monkeypatch, events):
+    """REINDEX, VACUUM FULL, an ALTER or LOCK TABLE on gen_durable_history holds a lock the
+    timeline's INSERT waits for: the write gives up on history_begin.sql's short
+    lock_timeout, not LOCK_TIMEOUT (60 s here, longer than each commit may wait), so every
+    outcome behind it commits while the lock is held."""
+    from gen_durable.worker import flusher as flusher_module
+    from gen_durable.worker.flusher import Flusher
+
+    settings.GEN_DURABLE = {**settings.GEN_DURABLE, "LOCK_TIMEOUT": 60, "STATEMENT_TIMEOUT": 120}
+    monkeypatch.setattr(flusher_module, "HISTORY_DELAY", 0.0)  # a timeline write after every flush
+    jobs = claims.pick(*_claim(queue_name, Plain, 20))
+    other = _other_session()
+    other.execute("LOCK TABLE gen_durable_history IN SHARE MODE")
+    flusher = Flusher().start()
+    try:
+        for job in jobs:
+            flusher.step_started()
+            assert flusher.commit(stamped(Done(None), Plain, job), timeout=20) == "committed"
+        assert Instance.objects.filter(id__in=[j.id for j in jobs], status="done").count() == 20  # lock still held
+    finally:
+        other.rollback()
+        other.close()
+        flusher.stop(timeout=10)
+    errors = [meta["error"] for e, _, meta in events if e == "history.error"]
+    assert errors and all("lock timeout" in err for err in errors), errors
+    assert HistoryEntry.objects.filter(instance_id__in=[j.id for j in jobs]).count() < 20  # entries were dropped
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_timeline_write_in_a_callers_transaction_leaves_its_settings_alone(queue_name):
+    """drain() writes inside the caller's transaction.atomic(): the asynchronous commit and
+    the short lock_timeout are for the write's own transaction only."""
+    from django.db import transaction
+
+    from gen_durable.worker.flusher import write_history_rows
+
+    with transaction.atomic():
+        assert write_history_rows([(10**12, 0, "s", "done", None, "w", None, None)]) == 1
+        with connection.cursor() as cur:
+            cur.execute("SELECT current_setting('synchronous_commit'), current_setting('lock_timeout')")
+            inside = cur.fetchone()
+        HistoryEntry.objects.filter(instance_id=10**12).delete()
+    assert inside[0] == "on" and inside[1] != "50ms", inside
+
+
+# --- every hand-back of an attempt leaves its entry ----------------------------------------------
+
+def _executing(id_, worker, lease_s=30, claimed_ago_s=0):
+    """Make `id_` a claim of `worker` (a dead process's, as far as the test goes)."""
+    with connection.cursor() as cur:
+        cur.execute("UPDATE gen_durable SET status = 'executing', locked_by = %s, step = 'start', "
+                    "lease_expires_at = now() + make_interval(secs => %s), "
+                    "updated_at = now() - make_interval(secs => %s) WHERE id = %s",
+                    [worker, lease_s, claimed_ago_s, id_])
+
+
+@pytest.mark.parametrize("crowd", [1, 2])
+def test_a_reclaimed_attempt_is_a_lost_attempt(committed, queue_name, crowd):
+    """A restarted worker handing back its dead predecessor's claims (reclaim.sql) writes
+    the attempt's `lost` entry in the same statement — counted (the only row the dead
+    worker held) or not (a bystander of a crash), as last_error says."""
+    ids = [gd.insert(Plain, queue=queue_name) for _ in range(crowd)]
+    for id_ in ids:
+        _executing(id_, "host-a:123:w0")
+    assert sorted(claims.reclaim(queue_name, "host-a:123:", margin=3600)) == ids
+    for id_ in ids:
+        row = Instance.objects.get(id=id_)
+        (entry,) = entries_of(id_)
+        assert (entry.step, entry.attempt, entry.outcome, entry.worker) == ("start", 0, "lost", "host-a:123:w0")
+        assert entry.error == row.last_error and entry.started_at <= entry.finished_at
+        assert row.attempt == (1 if crowd == 1 else 0) and ("not counted" in row.last_error) == (crowd > 1)
+
+
+def test_a_reclaim_without_history_writes_no_entry(committed, queue_name, settings):
+    settings.GEN_DURABLE = {**settings.GEN_DURABLE, "HISTORY": {"ENABLED": False}}
+    id_ = gd.insert(Plain, queue=queue_name)
+    _executing(id_, "host-a:123:w0")
+    assert claims.reclaim(queue_name, "host-a:123:", margin=3600) == [id_]
+    assert entries_of(id_) == []
+
+
+@pytest.mark.parametrize("how", ["reap", "abandon", "reclaim"])
+def test_a_lost_inline_link_starts_after_the_link_before_it(committed, queue_name, how):
+    """An inline chain keeps updated_at at the chain's claim: the handed-back link starts
+    when the chain's newest entry ended, not before the links that ran ahead of it."""
+    id_ = gd.insert(Plain, queue=queue_name)
+    _executing(id_, "host-a:123:w0", lease_s=-1 if how == "reap" else 30, claimed_ago_s=20)
+    HistoryEntryFactory(instance_id=id_, attempt=0, step="start", outcome="inline", worker="host-a:123:w0",
+                        started_at=timezone.now() - timedelta(seconds=20),
+                        finished_at=timezone.now() - timedelta(seconds=1))
+    if how == "reap":
+        assert maintenance.reap() == [id_]
+    elif how == "abandon":
+        assert claims.abandon([id_], "host-a:123:w0", 5.0) == [id_]
+    else:
+        assert claims.reclaim(queue_name, "host-a:123:", margin=3600) == [id_]
+    inline, cut = entries_of(id_)
+    assert cut.outcome in ("lost", "abandoned") and cut.started_at == inline.finished_at
+
+
+def test_a_new_gc_process_trims_instances_over_the_cap_before_it_started(committed):
+    """A GC process's first pass starts from the oldest entry: an instance that went over
+    MAX_PER_INSTANCE while no GC ran (or before a restart, or before the cap was lowered)
+    is trimmed, however many entries were written after it."""
+    flood = HistoryEntryFactory.create_batch(30, instance_id=1)
+    HistoryEntryFactory.create_batch(20, instance_id=2)  # newer than the whole flood
+    sweep = maintenance.make_gc_sweep(86400, 5, None, history={"RETENTION": 86400, "MAX_PER_INSTANCE": 3})
+    sweep()
+    kept = list(HistoryEntry.objects.filter(instance_id=1).order_by("id").values_list("id", flat=True))
+    assert kept == [e.id for e in flood[-3:]]
+    assert HistoryEntry.objects.filter(instance_id=2).count() == 3
+
+
+@pytest.mark.django_db(databases=["default", "other"])
+def test_the_timeline_merges_only_the_admin_log_of_the_instances_own_database(admin_client, queue_name):
+    """The admin log keys an entry by the bare id: instance #x on `other` and #x on the
+    default database are two instances, and each timeline shows only its own actions."""
+    from tests.integration.test_admin_audit import _act
+
+    x = gd.insert(Plain, queue=queue_name, using="other")
+    Instance.objects.using("default").filter(id=x).delete()
+    Instance.objects.using("default").bulk_create([InstanceFactory.build(id=x, queue=queue_name)])
+    admin_client.post(_act("cancel", x), {"ids": str(x), "reason": "cancelled-on-default"})
+    admin_client.post(_act("cancel", x) + "&database=other",
+                      {"ids": str(x), "reason": "cancelled-on-other", "database": "other"})
+    assert {Instance.objects.using(a).get(id=x).status for a in ("default", "other")} == {"failed"}
+
+    def table(query=""):
+        body = admin_client.get(DETAIL.format(x) + query).content.decode()
+        return body.split('id="gd-timeline"')[1].split("</table>")[0]
+
+    other, default = table("?database=other"), table()
+    assert "cancelled-on-other" in other and "cancelled-on-default" not in other
+    assert "cancelled-on-default" in default and "cancelled-on-other" not in default
+    assert "[database other]" in other  # the History page and recent actions name it too

@@ -315,7 +315,7 @@ def test_an_await_park_flush_is_two_statements(transactional_db, queue_name):
     # attempt's timeline entry follows the commit (docs/design.md#history).
     heads = [q["sql"].splitlines()[0] for q in captured.captured_queries]
     assert heads == ["BEGIN", sql.FLUSH.splitlines()[0], sql.PARK_RECHECK.splitlines()[0], "COMMIT",
-                     sql.HISTORY_INSERT.splitlines()[0]]
+                     "BEGIN", sql.HISTORY_BEGIN.splitlines()[0], sql.HISTORY_INSERT.splitlines()[0], "COMMIT"]
 
 
 # --- the lost wake-up, deterministic with two sessions ----------------------

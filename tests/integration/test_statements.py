@@ -2,7 +2,8 @@
 
 A flush's entries here are built as the worker builds them (`ran`: the attempt that ran
 and its times), so each committed batch also writes its timeline entries — one
-history_insert.sql statement after the commit (HISTORY, docs/design.md#history).
+history_insert.sql statement after the commit, in its own short transaction behind
+history_begin.sql's settings (HISTORY, docs/design.md#history).
 
 Counted with `django_assert_num_queries` (every statement sent through Django's
 connection). The flush tests use committed rows (`transactional_db`) so its
@@ -15,6 +16,7 @@ import pytest
 from django.db import connection
 
 import gen_durable as gd
+from gen_durable import sql
 from gen_durable.outcomes import Await, Done, Next
 from gen_durable.worker import claims, executor
 from gen_durable.worker.flusher import flush
@@ -66,12 +68,20 @@ def test_insert_is_one_statement(django_assert_num_queries, queue_name):
 def _flush_count(django_assert_num_queries, queue, n):
     jobs = claimed(queue, n)
     entries = [outcome(Next("start", state={"n": 1}), Counter, j) for j in jobs]
-    with django_assert_num_queries(4) as captured:
+    with django_assert_num_queries(7) as captured:
         result = flush(entries)
     assert len(result.committed) == n and result.stale == []
     sqls = [q["sql"] for q in captured.captured_queries]
-    assert sqls[2] == "COMMIT" and sqls[3].startswith("-- history_insert:"), sqls  # written once committed
+    assert sqls[2] == "COMMIT" and heads(sqls[3:]) == TIMELINE, sqls
     return statements(captured)
+
+
+# The timeline write after a commit: its own transaction, history_begin.sql's settings first.
+TIMELINE = ["BEGIN", sql.HISTORY_BEGIN.splitlines()[0], sql.HISTORY_INSERT.splitlines()[0], "COMMIT"]
+
+
+def heads(sqls):
+    return [s.splitlines()[0] for s in sqls]
 
 
 def statements(captured):
@@ -83,7 +93,7 @@ def test_flush_of_plain_next_outcomes_is_one_statement_whatever_the_batch(
         committed, django_assert_num_queries, queue_name):
     big = _flush_count(django_assert_num_queries, queue_name + "a", 100)
     small = _flush_count(django_assert_num_queries, queue_name + "b", 2)
-    assert len(big) == len(small) == 2  # flush.sql, then the batch's timeline entries
+    assert len(big) == len(small) == 3  # flush.sql, then the batch's timeline entries (settings, insert)
     assert big[0].startswith("-- flush:")
     with connection.cursor() as cur:
         cur.execute("SELECT count(*) FROM gen_durable_history")
@@ -108,9 +118,9 @@ def test_executed_next_outcomes_flush_in_one_statement(committed, django_assert_
     jobs = claimed(queue_name, 20, Flow)
     entries = [executor.execute(j) for j in jobs]
     assert {e.kind for e in entries} == {"next"}
-    with django_assert_num_queries(4) as captured:
+    with django_assert_num_queries(7) as captured:
         result = flush(entries)
-    assert len(statements(captured)) == 2  # flush.sql, history_insert.sql
+    assert len(statements(captured)) == 3  # flush.sql, history_begin.sql, history_insert.sql
     assert set(result.committed.values()) == {"runnable"}
 
 
@@ -118,13 +128,13 @@ def test_executed_next_outcomes_flush_in_one_statement(committed, django_assert_
 def test_a_plain_flush_alone_is_two_round_trips_and_commits(committed, django_assert_num_queries, queue_name):
     """On a connection the flusher just used (`alone`), a batch that needs only flush.sql
     runs it without BEGIN and COMMIT: it commits as it ends; its timeline entries follow
-    in one more statement."""
+    in their own transaction."""
     jobs = claimed(queue_name, 30, Plain)
     entries = [outcome(Done({"n": 1}) if j.id % 2 else Next("start"), Plain, j) for j in jobs]
-    with django_assert_num_queries(2) as captured:
+    with django_assert_num_queries(5) as captured:
         result = flush(entries, alone=True)
-    assert captured.captured_queries[0]["sql"].startswith("-- flush:")
-    assert captured.captured_queries[1]["sql"].startswith("-- history_insert:")
+    sqls = [q["sql"] for q in captured.captured_queries]
+    assert sqls[0].startswith("-- flush:") and heads(sqls[1:]) == TIMELINE
     assert len(result.committed) == 30 and not connection.in_atomic_block
     with connection.cursor() as cur:  # committed: not inside a transaction of ours
         cur.execute("SELECT txid_current_if_assigned() IS NULL, count(*) FROM gen_durable "
@@ -139,7 +149,7 @@ def test_a_flush_that_needs_more_than_flush_sql_takes_a_transaction_even_alone(
     jobs = claimed(queue_name, 2, Plain)
     if case == "await":
         entries = [outcome(Await(["go"], "start"), Plain, jobs[0])]
-        expect = 5  # BEGIN, flush, park_recheck, COMMIT, history_insert
+        expect = 8  # BEGIN, flush, park_recheck, COMMIT, then the timeline's 4
     else:
         parent, child = jobs
         with connection.cursor() as cur:
@@ -147,11 +157,11 @@ def test_a_flush_that_needs_more_than_flush_sql_takes_a_transaction_even_alone(
         child.parent_id = parent.id
         result = Done(None) if case == "child_done" else gd.Stop("no")
         entries = [outcome(result, Plain, child)]
-        expect = 5  # BEGIN, flush, join_parents, COMMIT, history_insert
+        expect = 8  # BEGIN, flush, join_parents, COMMIT, then the timeline's 4
     with django_assert_num_queries(expect) as captured:
         flush(entries, alone=True)
     sqls = [q["sql"] for q in captured.captured_queries]
-    assert sqls[0] == "BEGIN" and sqls[-2] == "COMMIT" and sqls[-1].startswith("-- history_insert:"), sqls
+    assert sqls[0] == "BEGIN" and sqls[3] == "COMMIT" and heads(sqls[4:]) == TIMELINE, sqls
 
 
 def test_an_entry_that_does_not_name_its_parent_still_joins_it_alone(committed, queue_name, caplog):

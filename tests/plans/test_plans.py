@@ -96,7 +96,7 @@ def test_pick_touches_about_a_batch_of_rows_when_run(scale):
     ("HEARTBEAT", {"ids": list(range(1, 51)), "worker": "w", "ttl": 60.0}),
     ("STILL_OWNED", {"ids": list(range(1, 51)), "claims": [1] * 50, "worker": "w"}),
     ("RELEASE", {"ids": list(range(1, 51)), "claims": [1] * 50, "worker": "w"}),
-    ("RECLAIM", {"queue": "q1", "prefix": "host:q1:", "margin": 20.0}),
+    ("RECLAIM", {"queue": "q1", "prefix": "host:q1:", "margin": 20.0, "history": True}),
     ("REAP", {"limit": 1000, "history": True}),
     ("EXPIRE_AWAITS", {"force": False, "limit": 1000}),
     ("GC_DELETE", {"ids": list(range(1, 1001))}),
@@ -312,6 +312,20 @@ def test_the_timeline_gc_reads_a_batch_through_its_indexes(timeline_rows, name, 
     p = plan(getattr(sql, name), params)
     assert not seq_scans_of_history(p), json.dumps(p, indent=1)[:3000]
     assert index in index_scans(p) and "gen_durable_history_pkey" in index_scans(p)
+
+
+@pytest.mark.parametrize("name, params", [
+    ("REAP", {"limit": 1000, "history": True}),
+    ("RECLAIM", {"queue": "q1", "prefix": "host:q1:", "margin": 20.0, "history": True}),
+    ("ABANDON", {"ids": list(range(1, 51)), "worker": "w", "drain": 5.0, "history": True}),
+])
+def test_a_hand_back_reads_each_rows_newest_entry_through_the_index(timeline_rows, name, params):
+    """The `lost` / `abandoned` entry starts at the end of the instance's newest entry
+    when that is later than the claim: one backward step of gen_durable_history_instance
+    per row handed back, never a scan of the timeline."""
+    p = plan(getattr(sql, name), params)
+    assert not seq_scans_of_history(p), json.dumps(p, indent=1)[:3000]
+    assert "gen_durable_history_instance" in index_scans(p)
 
 
 def test_the_admin_timeline_reads_the_newest_entries_of_one_instance(timeline_rows):

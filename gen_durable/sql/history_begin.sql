@@ -1,0 +1,13 @@
+-- history_begin: the settings of a timeline write that is its own transaction.
+-- Contract: docs/design.md#history. Sent first in the transaction of history_insert.sql
+--   when no caller's transaction holds it (worker/flusher.py write_history_rows); both
+--   last until that transaction's commit (set_config(…, true)).
+-- lock_timeout: the INSERT takes its table lock before it runs, so the bound must be set
+--   by an earlier statement. A session holding a lock on gen_durable_history (REINDEX,
+--   VACUUM FULL, an ALTER, LOCK TABLE) makes the write give up within 50 ms and lose its
+--   entries (logged, history.error) instead of holding the Flusher — and every outcome
+--   behind it — for LOCK_TIMEOUT.
+-- synchronous_commit off: the outcomes the entries describe are on the WAL already;
+--   losing the newest entries in a server crash is the price of not waiting for a
+--   second WAL flush per batch.
+SELECT set_config('lock_timeout', '50ms', true), set_config('synchronous_commit', 'off', true)
