@@ -279,16 +279,12 @@ class AdminInBrowser(StaticLiveServerTestCase):
         """A machine run by a worker — an inline step, a handled error retried, an Await,
         an admin's signal with a reason, the last step — reads as one timeline on its
         detail page, newest first (docs/admin.md "Timeline")."""
-        import time
-
         from gen_durable.worker.supervisor import Supervisor, WorkerConfig
+        from tests.conftest import wait_until
         from tests.durable_app.history_machines import HistoryFlow
 
         def wait(predicate, what):
-            deadline = time.monotonic() + 15
-            while not predicate():
-                assert time.monotonic() < deadline, f"timed out waiting for {what}"
-                time.sleep(0.05)
+            wait_until(predicate, timeout=15, interval=0.05, what=what)
 
         User.objects.create_superuser("operator4", "op4@example.com", "s3cret-pass")
         flow = gd.insert(HistoryFlow, queue=QUEUE, correlation_key="order:88")
