@@ -153,38 +153,37 @@ class DatabaseFilter(admin.SimpleListFilter):
         return queryset
 
 
-class StatusFilter(admin.SimpleListFilter):
-    title = "status"
-    parameter_name = "status"
+class EqualityFilter(admin.SimpleListFilter):
+    """A filter on one column's equality (an index lookup); choices come from settings
+    and the registry, never from `SELECT DISTINCT` over the table."""
+
+    field = ""
+
+    def queryset(self, request, queryset):
+        return queryset.filter(**{self.field: self.value()}) if self.value() else queryset
+
+
+class StatusFilter(EqualityFilter):
+    title = parameter_name = field = "status"
 
     def lookups(self, request, model_admin):
         return Status.choices
 
-    def queryset(self, request, queryset):
-        return queryset.filter(status=self.value()) if self.value() else queryset
 
-
-class QueueFilter(admin.SimpleListFilter):
-    title = "queue"
-    parameter_name = "queue"
+class QueueFilter(EqualityFilter):
+    title = parameter_name = field = "queue"
 
     def lookups(self, request, model_admin):
         return [(q, q) for q in queues.configured_queues()]
 
-    def queryset(self, request, queryset):
-        return queryset.filter(queue=self.value()) if self.value() else queryset
 
-
-class MachineFilter(admin.SimpleListFilter):
-    title = "machine"
-    parameter_name = "machine"
+class MachineFilter(EqualityFilter):
+    title = parameter_name = "machine"
+    field = "fsm"
 
     def lookups(self, request, model_admin):
         names = sorted({name for (name, _version) in registry.all_machines()})
         return [(n, n) for n in names]
-
-    def queryset(self, request, queryset):
-        return queryset.filter(fsm=self.value()) if self.value() else queryset
 
 
 # --- action forms ----------------------------------------------------------------------

@@ -93,25 +93,23 @@ def queue_spec(value: str) -> tuple[str, int | None]:
     return name, None
 
 
-def positive_int(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {n}")
-    return n
+def bounded_int(low: int, high: int | None, what: str):
+    """An argparse type: an integer in [low, high] (high None: no upper bound)."""
+
+    def parse(value: str) -> int:
+        try:
+            n = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {value!r}") from None
+        if n < low or (high is not None and n > high):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {n}")
+        return n
+
+    return parse
 
 
-def port_number(value: str) -> int:
-    """argparse type for --metrics-port: a TCP port, 1-65535."""
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a TCP port (1-65535), got {value!r}") from None
-    if not 1 <= n <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a TCP port (1-65535), got {n}")
-    return n
+positive_int = bounded_int(1, None, "a positive integer")
+port_number = bounded_int(1, 65535, "a TCP port (1-65535)")  # --metrics-port
 
 
 def positive_float(value: str) -> float:
