@@ -9,6 +9,7 @@ import uuid
 
 import pytest
 from django.core.checks import run_checks
+from django.db.models.functions import Now
 from django.test import override_settings
 from django.urls import reverse
 
@@ -22,8 +23,10 @@ CHANGELIST = "/admin/gen_durable/instance/"
 
 
 def _claimed_ago(row, seconds):
-    Instance.objects.filter(id=row.id).update(
-        updated_at=dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=seconds))
+    # Relative to the database's now(): the page's query reads now() too, and inside the
+    # test's transaction both are its start, so the page shows exactly `seconds` however
+    # long the set-up took (a Python clock would make a loaded host show 899 s for 900).
+    Instance.objects.filter(id=row.id).update(updated_at=Now() - dt.timedelta(seconds=seconds))
 
 
 @pytest.mark.django_db
