@@ -57,7 +57,8 @@ def test_overview_lists_the_longest_running_step_per_claimant_longest_first(admi
     table = body.split('id="gd-longest"')[1].split("</table>")[0]
     ids = [int(i) for i in re.findall(r">#(\d+)</a>", table) if int(i) in (a.id, a_newer.id, b.id)]
     assert ids == [a.id, b.id]  # a's longest only, then b; a_newer is not a claimant's longest
-    assert re.search(r'<tr class="gd-warn">.*?#%d.*?9\d\d s' % a.id, table, re.S)
+    # 899 or 900: the page's clock may run a fraction of a second past the claim's
+    assert re.search(r'<tr class="gd-warn">.*?#%d.*?(?:899|9\d\d) s' % a.id, table, re.S)
 
 
 @pytest.mark.django_db(transaction=True)
