@@ -317,12 +317,13 @@ def idle_latency(db_url: str) -> dict:
     return out
 
 
-def sustained(n=200_000, concurrency=50, processes=2, producer=None, prefetch=None, min_demand=None, max_batch=100):
+def sustained(n=200_000, concurrency=50, processes=2, producer=None, prefetch=None, min_demand=None, max_batch=100,
+              history=True):
     """Drain n jobs; report the rate of each quarter (by completion order) and the
     table/index sizes when each quarter was done."""
     inner = drain(n, concurrency, processes, prefetch=concurrency if prefetch is None else prefetch,
                   min_demand=concurrency // 2 if min_demand is None else min_demand, max_batch=max_batch,
-                  producer=producer, speed_probe=True)
+                  producer=producer, speed_probe=True, history=history)
 
     def workload(db_url: str) -> dict:
         out = inner(db_url)
@@ -434,6 +435,9 @@ WORKLOADS = {
     # ≈ 38.7k, 2 × 2 ≈ 36.8k, 2 × 8 ≈ 35.2k jobs/s; bench/results/history.md "Round 4").
     "gd_drain_c1_p2_pf500": drain(20_000, 1, 2, prefetch=500, min_demand=100, max_batch=500),
     "gd_drain_200k_c1_p2_pf500": sustained(concurrency=1, prefetch=500, min_demand=100, max_batch=500),
+    # The same with the timeline off (HISTORY ENABLED False): what the timeline costs at 200k.
+    "gd_drain_200k_c1_p2_pf500_nohistory": sustained(concurrency=1, prefetch=500, min_demand=100, max_batch=500,
+                                                     history=False),
     "gd_pipeline_5step_inline_c1_p2_pf500": drain(4_000, 1, 2, machine="InlinePipeline", steps_per=5,
                                                   prefetch=500, min_demand=100, max_batch=500),
     # The same machine over 200,000 steps (40,000 instances), beside the 200k job drain:

@@ -161,6 +161,10 @@ class Machine:
     step_aliases: ClassVar[dict] = {}
     steps: ClassVar[dict] = {}
     timeouts: ClassVar[dict] = {}  # step name -> seconds or None (see @step)
+    # The inputs of a claimed row its code can see: the inbox (ctx.all, ctx.awaited) and
+    # the children (ctx.children). A claim loads only these (claims.enrich): a Job whose
+    # perform and handle take no ctx sees neither, so its claim is one statement.
+    _gd_inputs: ClassVar[tuple] = ("inbox", "children")
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -288,6 +292,9 @@ class Job(Machine):
                                    "a Job has one step, perform — make it a Machine for several")
             n = len(inspect.signature(perform).parameters)
             cls._perform_arity = n
+            # A Job has no children (ScheduleChildren is refused); its inbox is visible
+            # only through the ctx that a 3-argument perform or an own handle() receives.
+            cls._gd_inputs = ("inbox",) if n >= 3 or cls.handle is not Job.handle else ()
         super().__init_subclass__(**kwargs)
 
     def perform(self, args, ctx):  # pragma: no cover - replaced by subclasses
@@ -395,6 +402,9 @@ def job(fn=None, *, queue: str = "default", max_attempts: int = 20, name: str | 
         }
         if backoff is not None:
             attrs["backoff"] = lambda self, attempt: backoff(attempt)
-        return type(fn.__name__, (Job,), attrs)
+        cls = type(fn.__name__, (Job,), attrs)
+        if arity < 2:
+            cls._gd_inputs = ()  # fn(args) never receives the ctx: its claim loads no inbox
+        return cls
 
     return wrap(fn) if fn is not None else wrap

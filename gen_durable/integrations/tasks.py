@@ -113,6 +113,7 @@ class TaskMachine(Machine):
     abstract: ClassVar[bool] = True
     initial: ClassVar[str] = STEP
     task: ClassVar[Any] = None  # the Task object the decorator made
+    _gd_inputs: ClassVar[tuple] = ()  # run and handle read ctx.state, id and attempt only: no inbox, no children
 
     def _inputs(self, ctx):
         state = ctx.state if isinstance(ctx.state, dict) else {}

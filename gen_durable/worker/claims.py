@@ -12,6 +12,7 @@ from django.db import IntegrityError, transaction
 from .. import db, registry, sql, telemetry
 from ..codec import loads
 from ..conf import database_alias
+from ..exceptions import UnknownMachine
 from ..machine import ChildRow, Signal
 
 logger = logging.getLogger("gen_durable.pick")
@@ -58,7 +59,8 @@ def pick(queue: str, limit: int, worker: str, ttl: float, *, gates=(), using=Non
          window: int | None = None, stats: dict | None = None) -> list[Claimed]:
     """Claim up to `limit` runnable rows of `queue` for `worker`, leased for `ttl` seconds.
 
-    Statements: 1 when nothing is claimed, 3 otherwise (claim, inboxes, children) —
+    Statements: 1 when nothing is claimed, else 1 to 3: the claim, then the inboxes and
+    the children of the rows whose code can see them (`enrich`) —
     docs/design.md#pick, docs/design.md#performance-contract. A unique violation on the K=1 arbiter (another process claimed the
     same key) aborts the claim; it is retried up to 3 times, each retry emitting
     `concurrency.contended`, and then gives up with an empty batch.
@@ -209,22 +211,41 @@ def release_jobs(jobs, worker: str, limiter=None, using=None) -> list[int]:
 
 
 def enrich(jobs: list[Claimed], using=None) -> None:
-    """Attach inboxes and children to a claimed batch: two statements for any batch size."""
-    inputs = load_inputs([j.id for j in jobs], using)
+    """Attach inboxes and children to a claimed batch: at most two statements for any
+    batch size, and none for the rows whose code sees neither (`Machine._gd_inputs`: a
+    Job whose perform takes no ctx, a Django task) — they get empty lists."""
+    reads: dict = {}
+    inbox_ids, parent_ids = [], []
+    for job in jobs:
+        kinds = reads.get((job.fsm, job.fsm_version))
+        if kinds is None:
+            try:
+                kinds = registry.get(job.fsm, job.fsm_version)._gd_inputs
+            except UnknownMachine:  # not reached (pick hands these back); load everything
+                kinds = ("inbox", "children")
+            reads[(job.fsm, job.fsm_version)] = kinds
+        if "inbox" in kinds:
+            inbox_ids.append(job.id)
+        if "children" in kinds:
+            parent_ids.append(job.id)
+    inputs = load_inputs(inbox_ids, parent_ids, using)
     for job in jobs:
         job.inbox, job.children = inputs.get(job.id) or ([], [])
 
 
-def load_inputs(ids, using=None) -> dict:
-    """id -> (inbox signals, children rows) of the `ids` that have any (an id that is
-    absent has neither): two statements for any number of ids. Most rows of a batch
-    have neither, so no pair of empty lists is built for them."""
+def load_inputs(inbox_ids, parent_ids, using=None) -> dict:
+    """id -> (inbox signals, children rows) of the ids that have any (an id that is
+    absent has neither): the inboxes of `inbox_ids` and the children of `parent_ids`,
+    one statement for each list that is not empty. Most rows of a batch have neither,
+    so no pair of empty lists is built for them."""
     out: dict = {}
-    param = {"ids": db.pg_array(ids)}
-    for target_id, sid, name, payload, at in db.fetchall(sql.LOAD_SIGNALS, param, using):
-        out.setdefault(target_id, ([], []))[0].append(Signal(sid, name, loads(payload), at))
-    for parent_id, kids in load_children(ids, using).items():
-        out.setdefault(parent_id, ([], []))[1].extend(kids)
+    if inbox_ids:
+        param = {"ids": db.pg_array(inbox_ids)}
+        for target_id, sid, name, payload, at in db.fetchall(sql.LOAD_SIGNALS, param, using):
+            out.setdefault(target_id, ([], []))[0].append(Signal(sid, name, loads(payload), at))
+    if parent_ids:
+        for parent_id, kids in load_children(parent_ids, using).items():
+            out.setdefault(parent_id, ([], []))[1].extend(kids)
     return out
 
 

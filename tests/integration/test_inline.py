@@ -107,7 +107,7 @@ def test_inline_flush_keeps_the_claim_and_loads_the_next_inputs_in_bounded_state
         # The next step's inputs, as a re-pick would load them.
         assert [s.id for s in entries[0].inputs[0]] == [later] and not entries[0].inputs[1]
         # the same signals, field for field, as the pick's load reads them
-        assert list(entries[0].inputs[0]) == claims.load_inputs([jobs[0].id])[jobs[0].id][0]
+        assert list(entries[0].inputs[0]) == claims.load_inputs([jobs[0].id], [jobs[0].id])[jobs[0].id][0]
         assert all(not inbox and not children for inbox, children in (e.inputs for e in entries[1:]))
         nxt = executor.continuation(jobs[0], entries[0])
         assert (nxt.step, nxt.state, nxt.attempt, [s.name for s in nxt.inbox]) == ("b", {"k": 1}, 0, ["y"])

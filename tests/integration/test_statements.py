@@ -12,6 +12,8 @@ connection). The flush tests use committed rows (`transactional_db`) so its
 savepoints inside the test's transaction.
 """
 
+import re
+
 import pytest
 from django.db import connection
 
@@ -20,7 +22,9 @@ from gen_durable import sql
 from gen_durable.outcomes import Await, Done, Next
 from gen_durable.worker import claims, executor
 from gen_durable.worker.flusher import flush
-from tests.durable_app.durable import Counter, Flow, Plain
+from gen_durable.tasks import machine_for
+from tests.durable_app import tasks as task_functions
+from tests.durable_app.durable import Counter, Flaky, Flow, Plain, noop
 
 WORKER = "stmt-worker"
 
@@ -57,6 +61,58 @@ def test_claiming_pick_is_three_statements_for_any_batch(django_assert_num_queri
     assert len(jobs) == n
     texts = [q["sql"] for q in captured.captured_queries]
     assert "gen_durable_signals" in texts[1] and "parent_id" in texts[2]  # claim, inboxes, children
+
+
+class TakesNoCtxButHandles(gd.Job):
+    """perform(args) sees no ctx, but its own handle() does: the inbox is loaded."""
+
+    name = "tests.stmt.TakesNoCtxButHandles"
+
+    def perform(self, args):
+        return None
+
+    def handle(self, error, ctx):
+        return gd.Done({"all": len(ctx.all)})
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("machine, loads", [
+    (noop, []),  # fn(args): no ctx, so neither inbox nor children — the claim alone
+    (Flaky, ["gen_durable_signals"]),  # perform(args, ctx): ctx.all — no children (a Job has none)
+    (TakesNoCtxButHandles, ["gen_durable_signals"]),
+    (machine_for(task_functions.add), []),  # a Django task reads ctx.state, id, attempt only
+    (Plain, ["gen_durable_signals", "parent_id"]),  # a Machine step sees both
+])
+def test_a_pick_loads_only_the_inputs_its_rows_code_can_see(django_assert_num_queries, queue_name, machine, loads):
+    gd.insert_all([gd.Spec(machine, queue=queue_name) for _ in range(3)])
+    with django_assert_num_queries(1 + len(loads)) as captured:
+        jobs = claims.pick(queue_name, 10, WORKER, 60)
+    assert len(jobs) == 3 and all(j.inbox == [] and j.children == [] for j in jobs)
+    texts = [q["sql"] for q in captured.captured_queries]
+    assert all(want in text for want, text in zip(loads, texts[1:])), texts
+
+
+@pytest.mark.django_db
+def test_a_mixed_batch_loads_each_input_only_for_the_rows_that_see_it(django_assert_num_queries, queue_name):
+    ctx_job, plain = gd.insert(Flaky, queue=queue_name), gd.insert(Plain, queue=queue_name)
+    blind = gd.insert(noop, queue=queue_name)
+    for target in (ctx_job, plain, blind):
+        gd.signal(target, "hello", {"to": target})
+    with django_assert_num_queries(3) as captured:
+        jobs = {j.id: j for j in claims.pick(queue_name, 10, WORKER, 60)}
+    inboxes, children = (ids_of(q["sql"]) for q in captured.captured_queries[1:])
+    assert (inboxes, children) == ({ctx_job, plain}, {plain})
+    # What each row's code can see is what it was given; the blind job's signal stays in
+    # the table (purged when the row settles, as every settled row's inbox).
+    assert [s.payload for s in jobs[ctx_job].inbox] == [{"to": ctx_job}]
+    assert [s.payload for s in jobs[plain].inbox] == [{"to": plain}]
+    assert jobs[blind].inbox == []
+
+
+def ids_of(statement):
+    """The ids of the one bigint[] literal in a logged statement ('{1,2}'::bigint[])."""
+    (literal,) = re.findall(r"'\{([0-9,]*)\}'::bigint\[\]", statement)
+    return {int(i) for i in literal.split(",") if i}
 
 
 @pytest.mark.django_db
