@@ -6,6 +6,14 @@
 -- (docs/design.md#isolation) — and so is one cancelled, retried and claimed again by
 -- this same worker (locked_by names the worker, not the claim): that newer claim runs
 -- the step, not this one (docs/design.md#outcomes). No lock: cancel's own guard decides the rest.
-SELECT g.id FROM unnest(%(ids)s::bigint[], %(claims)s::bigint[]) AS c(id, claim)
-JOIN gen_durable g ON g.id = c.id AND g.claim = c.claim
-WHERE g.locked_by = %(worker)s AND g.status = 'executing'
+-- The status to match comes from the materialized input, as in flush.sql: written as
+-- g.status = 'executing' it lets the planner hash-join over gen_durable_lease — every
+-- executing row and every dead entry a drain leaves in that index until a vacuum — where
+-- one primary-key probe per id is all it takes (tests/plans).
+WITH c AS MATERIALIZED (
+    SELECT c.id, c.claim, 'executing'::gen_durable_status AS claimed
+    FROM unnest(%(ids)s::bigint[], %(claims)s::bigint[]) AS c(id, claim)
+)
+SELECT g.id FROM c
+JOIN gen_durable g ON g.id = c.id AND g.claim = c.claim AND g.status = c.claimed
+WHERE g.locked_by = %(worker)s

@@ -156,6 +156,17 @@ def test_flush_updates_by_primary_key_not_by_the_executing_set(scale):
             assert "gen_durable_pkey" in used and "gen_durable_lease" not in used, used
 
 
+def test_still_owned_probes_the_primary_key_not_the_executing_set(scale):
+    """The re-check of prefetched rows: one primary-key probe per id. Its first form
+    (status as a restriction) hash-joined over gen_durable_lease — every executing row,
+    and every dead entry a drain leaves in that index until a vacuum: ~10 ms a call late
+    in a 200k drain, one of its most expensive statements (bench/results/profile/drain.md)."""
+    params = {"ids": list(range(300, 350)), "claims": [1] * 50, "worker": "seed-worker"}
+    for p in (plan(sql.STILL_OWNED, params), generic_plan(sql.STILL_OWNED, params)):
+        used = index_scans(p)
+        assert "gen_durable_pkey" in used and "gen_durable_lease" not in used, json.dumps(p, indent=1)[:3000]
+
+
 def generic_plan(statement, params):
     """The plan of `statement` as a server-side prepared statement runs it once its plan
     is cached: generic, the parameters unknown (the worker's connections prepare the hot
