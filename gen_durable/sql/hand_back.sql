@@ -6,18 +6,22 @@
 -- the pick never filters for it) and is marked `unknown_since`; adopt_known.sql, run by
 -- a worker that knows it, restores eligible_at := unknown_since.
 -- Collisions as in release.sql: a row whose key another row holds while runnable waits.
-WITH owned AS (
-    SELECT id,
-           CASE WHEN correlation_guard IS NULL AND 'runnable' = ANY (correlation_scope)
-                THEN correlation_key END AS entering_key
-    FROM gen_durable
-    WHERE id = ANY (%(ids)s::bigint[]) AND locked_by = %(worker)s AND status = 'executing'
+-- Index: primary key, one probe per id (the input's status column: see heartbeat.sql).
+WITH input AS MATERIALIZED (
+    SELECT i.id, 'executing'::gen_durable_status AS claimed FROM unnest(%(ids)s::bigint[]) AS i(id)
+), owned AS (
+    SELECT g.id,
+           CASE WHEN g.correlation_guard IS NULL AND 'runnable' = ANY (g.correlation_scope)
+                THEN g.correlation_key END AS entering_key
+    FROM input i
+    JOIN gen_durable g ON g.id = i.id AND g.status = i.claimed
+    WHERE g.locked_by = %(worker)s
       AND NOT EXISTS (SELECT 1 FROM gen_durable c
-                      WHERE c.correlation_guard = CASE WHEN gen_durable.correlation_guard IS NULL
-                                                            AND 'runnable' = ANY (gen_durable.correlation_scope)
-                                                       THEN gen_durable.correlation_key END)
-    ORDER BY id
-    FOR NO KEY UPDATE SKIP LOCKED
+                      WHERE c.correlation_guard = CASE WHEN g.correlation_guard IS NULL
+                                                            AND 'runnable' = ANY (g.correlation_scope)
+                                                       THEN g.correlation_key END)
+    ORDER BY g.id
+    FOR NO KEY UPDATE OF g SKIP LOCKED
 ), owned_first AS (
     SELECT * FROM (SELECT x.*, row_number() OVER (
                        PARTITION BY CASE WHEN x.entering_key IS NULL THEN 'id:' || x.id

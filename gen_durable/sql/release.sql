@@ -5,21 +5,27 @@
 --   buffered claim whose row was cancelled, retried and claimed again by this same worker
 --   releases nothing (nor credits a slot) — the newer claim holds the row now
 --   (docs/design.md#outcomes).
-WITH owned AS (
-    SELECT id,
-           CASE WHEN correlation_guard IS NULL AND 'runnable' = ANY (correlation_scope)
-                THEN correlation_key END AS entering_key
-    FROM gen_durable
-    WHERE id = ANY (%(ids)s::bigint[]) AND locked_by = %(worker)s AND status = 'executing'
-      AND (id, claim) IN (SELECT * FROM unnest(%(ids)s::bigint[], %(claims)s::bigint[]))
+-- Index: primary key, one probe per (id, claim) of the input, whose status column keeps
+-- the planner off gen_durable_lease (see heartbeat.sql; a (id, claim) IN (unnest …)
+-- filter was re-scanned for every row: quadratic in the batch).
+WITH input AS MATERIALIZED (
+    SELECT i.id, i.claim, 'executing'::gen_durable_status AS claimed
+    FROM unnest(%(ids)s::bigint[], %(claims)s::bigint[]) AS i(id, claim)
+), owned AS (
+    SELECT g.id,
+           CASE WHEN g.correlation_guard IS NULL AND 'runnable' = ANY (g.correlation_scope)
+                THEN g.correlation_key END AS entering_key
+    FROM input i
+    JOIN gen_durable g ON g.id = i.id AND g.claim = i.claim AND g.status = i.claimed
+    WHERE g.locked_by = %(worker)s
       -- Skip (and leave waiting) a row whose key another row holds while runnable:
       -- its move would collide in the unique correlation index (docs/design.md#isolation).
       AND NOT EXISTS (SELECT 1 FROM gen_durable c
-                      WHERE c.correlation_guard = CASE WHEN gen_durable.correlation_guard IS NULL
-                                                            AND 'runnable' = ANY (gen_durable.correlation_scope)
-                                                       THEN gen_durable.correlation_key END)
-    ORDER BY id
-    FOR NO KEY UPDATE SKIP LOCKED
+                      WHERE c.correlation_guard = CASE WHEN g.correlation_guard IS NULL
+                                                            AND 'runnable' = ANY (g.correlation_scope)
+                                                       THEN g.correlation_key END)
+    ORDER BY g.id
+    FOR NO KEY UPDATE OF g SKIP LOCKED
 ), owned_first AS (
     -- Of two rows of this batch entering the scope of one key, only the lower id moves.
     SELECT * FROM (SELECT x.*, row_number() OVER (

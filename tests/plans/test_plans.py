@@ -156,13 +156,20 @@ def test_flush_updates_by_primary_key_not_by_the_executing_set(scale):
             assert "gen_durable_pkey" in used and "gen_durable_lease" not in used, used
 
 
-def test_still_owned_probes_the_primary_key_not_the_executing_set(scale):
-    """The re-check of prefetched rows: one primary-key probe per id. Its first form
-    (status as a restriction) hash-joined over gen_durable_lease — every executing row,
-    and every dead entry a drain leaves in that index until a vacuum: ~10 ms a call late
-    in a 200k drain, one of its most expensive statements (bench/results/profile/drain.md)."""
-    params = {"ids": list(range(300, 350)), "claims": [1] * 50, "worker": "seed-worker"}
-    for p in (plan(sql.STILL_OWNED, params), generic_plan(sql.STILL_OWNED, params)):
+@pytest.mark.parametrize("name, params", [
+    ("STILL_OWNED", {"ids": list(range(300, 350)), "claims": [1] * 50, "worker": "seed-worker"}),
+    ("HEARTBEAT", {"ids": list(range(300, 350)), "worker": "seed-worker", "ttl": 60.0}),
+    ("RELEASE", {"ids": list(range(300, 350)), "claims": [1] * 50, "worker": "seed-worker"}),
+    ("HAND_BACK", {"ids": list(range(300, 350)), "worker": "seed-worker"}),
+])
+def test_a_workers_own_rows_are_probed_by_primary_key_not_through_the_executing_set(scale, name, params):
+    """The statements on one worker's claimed rows (the re-check of prefetched rows, the
+    lease heartbeat, release, hand-back): one primary-key probe per id. Their first forms
+    (status as a restriction) walked gen_durable_lease — every worker's executing rows and
+    every dead entry a drain leaves in that index until a vacuum; the re-check took ~10 ms
+    a call late in a 200k drain, one of its most expensive statements
+    (bench/results/profile/drain_200k.md)."""
+    for p in (plan(getattr(sql, name), params), generic_plan(getattr(sql, name), params)):
         used = index_scans(p)
         assert "gen_durable_pkey" in used and "gen_durable_lease" not in used, json.dumps(p, indent=1)[:3000]
 
