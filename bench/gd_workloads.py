@@ -454,6 +454,10 @@ WORKLOADS = {
     "gd_drain_c16_procs1": drain(20_000, 16, 1, prefetch=200, min_demand=50, supervisor=True),
     "gd_drain_c16_procs2": drain(20_000, 16, 2, prefetch=200, min_demand=50, supervisor=True),
     "gd_drain_c16_procs4": drain(20_000, 16, 4, prefetch=200, min_demand=50, supervisor=True),
+    # `--processes 2` as users run it (the parent sets Django up, then forks its
+    # children): the defaults, and the drains' tuned configuration over 20,000 jobs.
+    "gd_drain_defaults_procs2": drain(20_000, 10, 2, supervisor=True),
+    "gd_drain_c1_pf500_procs2": drain(20_000, 1, 2, prefetch=500, min_demand=100, max_batch=500, supervisor=True),
     # ... and in the drains' tuned configuration (one step thread per process, PREFETCH
     # 500, MIN_DEMAND 100, FLUSH.MAX_BATCH 500), over 200,000 jobs: on 2 cores, where
     # one process per core saturates (bench/results/history.md "Multi-process scaling").

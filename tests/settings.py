@@ -73,6 +73,14 @@ if os.environ.get("GEN_DURABLE_TEST_OTHER_DB_OVERRIDE"):  # the same, for the "o
     DATABASES["other"].update(json.loads(os.environ["GEN_DURABLE_TEST_OTHER_DB_OVERRIDE"]))
 if os.environ.get("GEN_DURABLE_TEST_SETTINGS"):
     GEN_DURABLE.update(json.loads(os.environ["GEN_DURABLE_TEST_SETTINGS"]))
+if os.environ.get("GEN_DURABLE_TEST_BACKGROUND_THREAD"):
+    # A thread running in the process from its start, as an exporter's or a client
+    # library's would: `rundurable --processes N` must then start its children as new
+    # interpreters, never fork (tests/faults/test_supervision.py).
+    import threading
+    import time
+
+    threading.Thread(target=time.sleep, args=(10**6,), name="test-background", daemon=True).start()
 TEMPLATES = [{
     "BACKEND": "django.template.backends.django.DjangoTemplates",
     "APP_DIRS": True,

@@ -33,6 +33,11 @@ def children_of(pid):
     return sorted(out)
 
 
+def cmdline(pid):
+    with open(f"/proc/{pid}/cmdline") as f:
+        return f.read().replace("\0", " ").strip()
+
+
 def alive(pid):
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -105,6 +110,11 @@ def test_a_killed_child_is_restarted_and_its_claims_come_back_at_once(committed,
     assert proc.poll() is None and len(children_of(proc.pid)) == 2
     text = proc.log_path.read_text()
     assert f"worker process {victim} (child" in text and "was killed by signal 9; restarting it in 1s" in text
+    # The first children were forked from the set-up parent (its command line, no --child);
+    # the replacement is a new interpreter, which loads the code on disk and runs the checks.
+    survivor, replacement = sorted(children_of(proc.pid), key=lambda pid: "--predecessors" in cmdline(pid))
+    assert cmdline(survivor) == cmdline(proc.pid) and f"is process {survivor} (forked" in text
+    assert f"--predecessors={victim}" in cmdline(replacement) and f"is process {replacement} (a new interpreter)" in text
     assert "reclaimed" in text
     for r in Instance.objects.filter(id__in=victims):
         if len(victims) == 1:  # the dead child's only row: it is charged
@@ -154,3 +164,34 @@ def test_the_host_exits_non_zero_when_a_child_keeps_dying(committed, queue_name,
     assert done.returncode != 0
     assert "3 deaths in a row" in done.stderr and "keeps dying" in done.stderr
     assert 3 <= len(lines(log, "start")) <= 5  # one slot's three deaths, the other's at most two
+
+
+def test_children_are_new_interpreters_when_another_thread_runs_in_the_parent(committed, queue_name, tmp_path):
+    """A fork copies only the calling thread: a lock another thread held would stay held
+    in the child. With a thread running since start-up (tests/settings.py), both
+    children are started as new processes of the same command line, and they drain."""
+    from tests.integration.test_rundurable import child_env
+
+    ids = gd.insert_all([gd.Spec(gd.registry.get("tests.noop"), queue=queue_name) for _ in range(20)])
+    env = dict(child_env(), GEN_DURABLE_TEST_BACKGROUND_THREAD="1")
+    done = subprocess.run([sys.executable, str(ROOT / "tests" / "manage.py"), "rundurable", "--processes", "2",
+                           "--burst", "--queue", f"{queue_name}=2", "--verbosity", "1"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stderr.count("(a new interpreter)") == 2 and "(forked" not in done.stderr, done.stderr[-3000:]
+    assert set(Instance.objects.filter(id__in=ids).values_list("status", flat=True)) == {"done"}
+
+
+def test_a_forked_childs_exit_status_reaches_the_host(committed, queue_name, tmp_path):
+    """Burst children that leave rows they cannot run (a paused queue) exit 3 (their
+    CommandError's returncode); the host, having forked them, exits 3 as well."""
+    from tests.integration.test_rundurable import child_env
+
+    gd.insert_all([gd.Spec(gd.registry.get("tests.noop"), queue=queue_name) for _ in range(5)])
+    gd.pause_queue(queue_name)
+    done = subprocess.run([sys.executable, str(ROOT / "tests" / "manage.py"), "rundurable", "--processes", "2",
+                           "--burst", "--queue", f"{queue_name}=2", "--verbosity", "1"],
+                          cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=120)
+    assert done.stderr.count("(forked from this one") == 2, done.stderr[-3000:]
+    assert done.returncode == 3, done.stderr[-3000:]
+    assert "rows were left that the workers could not run" in done.stderr

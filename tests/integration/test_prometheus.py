@@ -224,21 +224,14 @@ def test_two_worker_processes_each_serve_their_own_port(committed, queue_name):
 
 
 # --- misconfiguration ----------------------------------------------------------------
-def _child_pid(parent: int, i: int):
-    """The pid of `rundurable --processes` child `i` of supervisor `parent` (from /proc)."""
-    import os
+def _child_pid(log, i: int):
+    """The pid of `rundurable --processes` child `i`, from its supervisor's log (`log`:
+    its stderr): the last "child i is process N" line — a forked child has its parent's
+    command line, so /proc cannot tell which child it is."""
+    import re
 
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-        except OSError:
-            continue
-        if f"--child={i}".encode() in argv and f"--parent={parent}".encode() in argv:
-            return int(entry)
-    return None
+    found = re.findall(rf"child {i} is process (\d+) ", log.read_text())
+    return int(found[-1]) if found else None
 
 
 def test_a_restarted_child_whose_metrics_port_was_taken_keeps_running_jobs(committed, queue_name, tmp_path):
@@ -262,19 +255,19 @@ def test_a_restarted_child_whose_metrics_port_was_taken_keeps_running_jobs(commi
 
     try:
         wait_until(lambda: up(port) and up(port + 1), timeout=60, what="both children's endpoints")
-        first = _child_pid(proc.pid, 1)
+        first = _child_pid(log, 1)
         os.kill(first, signal.SIGKILL)
         squatter = wait_until(lambda: _bind(port + 1), timeout=10, what="the dead child's port")
-        second = wait_until(lambda: (pid := _child_pid(proc.pid, 1)) not in (None, first) and pid, timeout=30,
+        second = wait_until(lambda: (pid := _child_pid(log, 1)) not in (None, first) and pid, timeout=30,
                             what="child 1 restarted")
         wait_until(lambda: f"child 1 cannot serve its metrics on port {port + 1}" in log.read_text(), timeout=30,
                    what="the restarted child's error")
-        stopped = _child_pid(proc.pid, 0)
+        stopped = _child_pid(log, 0)
         os.kill(stopped, signal.SIGSTOP)  # only the restarted child can run the jobs now
         ids = gd.insert_all([gd.Spec(Plain, queue=queue_name) for _ in range(20)])
         wait_until(lambda: Instance.objects.filter(id__in=ids, status="done").count() == 20, timeout=30,
                    what="the restarted child to run the jobs")
-        assert proc.poll() is None and _child_pid(proc.pid, 1) == second  # nobody gave up, nothing died again
+        assert proc.poll() is None and _child_pid(log, 1) == second  # nobody gave up, nothing died again
         os.kill(stopped, signal.SIGCONT)
         stopped = None
         squatter.close()

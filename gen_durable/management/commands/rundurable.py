@@ -237,7 +237,10 @@ class Command(BaseCommand):
                 log = logging.getLogger("gen_durable.worker")
                 for i in range(processes):
                     log.info("child %d will serve Prometheus metrics on port %d", i, metrics_port + i)
-            return self._supervise(processes, burst=burst)
+            return self._supervise(processes, burst=burst, child_options=dict(
+                queue=queue, processes=processes, no_reaper=no_reaper, no_gc=no_gc, burst=burst,
+                verbosity=verbosity, database=database, max_wait=max_wait, metrics_port=metrics_port,
+                metrics_address=metrics_address, **options))
         from gen_durable.worker.supervisor import Supervisor, WorkerConfig, run_several
 
         # The reaper runs in every process: the others' rows depend on it, and a process
@@ -266,6 +269,54 @@ class Command(BaseCommand):
                                returncode=EXIT_LEFT_WORK)
         if code:
             raise CommandError(f"worker exited with {code}")
+
+    def _fork_child(self, i: int, options: dict) -> ForkedChild | None:
+        """Fork child `i` of `--processes N`: it runs `handle(child=i, parent=<this pid>)`
+        with this command's options, as the command line `--child=i --parent=<pid>` would,
+        and leaves with the exit status Django gives a command (1, or a CommandError's
+        returncode). None when the fork fails (the caller starts a new interpreter).
+
+        The child keeps this process's set-up (settings, apps, the registry, the checks
+        it ran) and nothing of its state that must not be shared: every database
+        connection is closed before the fork, so each process opens its own, and the
+        child puts SIGTERM/SIGINT back to their defaults for its worker to take over.
+        """
+        from django.db import connections
+
+        parent = os.getpid()
+        connections.close_all()
+        for stream in (sys.stdout, sys.stderr, self.stdout, self.stderr):
+            stream.flush()
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            logging.getLogger("gen_durable.worker").warning("could not fork child %d (%s); starting it as a "
+                                                            "new process", i, exc)
+            return None
+        if pid:
+            return ForkedChild(pid)
+        code = 1
+        try:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            for alias in self._aliases(options.get("database")):
+                wait_for_database(alias)
+            self.handle(**options, child=i, parent=parent, predecessors="")
+            code = 0
+        except CommandError as exc:
+            self.stderr.write(f"{type(exc).__name__}: {exc}")
+            code = exc.returncode
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        except BaseException:
+            logging.getLogger("gen_durable.worker").exception("worker child %d failed", i)
+        finally:
+            for stream in (sys.stdout, sys.stderr, self.stdout, self.stderr):
+                try:
+                    stream.flush()
+                except Exception:  # noqa: BLE001 - leaving regardless
+                    pass
+            os._exit(code)
 
     def _check_metrics(self, port, address, processes, *, bind=True):
         """Refuse --metrics-port before any worker starts when it cannot work: the
@@ -405,8 +456,15 @@ class Command(BaseCommand):
                 for alias in on_server:
                     db.connection(alias).close()
 
-    def _supervise(self, processes: int, burst: bool = False):
+    def _supervise(self, processes: int, burst: bool = False, child_options: dict | None = None):
         """Run `processes` children and keep them running until SIGTERM/SIGINT.
+
+        Each slot's first child is forked from this process, which has set Django up
+        and run the checks, so it starts at once instead of loading the project again
+        (`_fork_child`; child_options: this command's options, which it runs with). A
+        restarted child is a new interpreter running this command line: the code on disk
+        may have changed since, and it runs the checks again. So is every child when
+        this process cannot fork safely (another thread is running, or no os.fork).
 
         A child that dies (non-zero exit or a signal) is restarted after a back-off
         (RESTART_BACKOFF, doubling to its cap; reset once a child ran STABLE_AFTER
@@ -435,8 +493,13 @@ class Command(BaseCommand):
         def spawn(i):
             slot = slots[i]
             extra = [f"--predecessors={','.join(map(str, slot['dead']))}"] if slot["dead"] else []
-            slot["proc"] = subprocess.Popen([sys.executable] + base + [f"--child={i}", f"--parent={os.getpid()}"]
-                                            + extra)
+            forked = None
+            if not slot["dead"] and child_options is not None and _can_fork():
+                forked = self._fork_child(i, child_options)
+            slot["proc"] = forked or subprocess.Popen([sys.executable] + base + [f"--child={i}",
+                                                                                 f"--parent={os.getpid()}"] + extra)
+            log.info("child %d is process %d (%s)", i, slot["proc"].pid,
+                     "forked from this one, Django set up" if forked else "a new interpreter")
             # Keep the dead pids: a replacement may itself die before its start-up reclaim
             # ran, and the next one must still take every predecessor's claims back.
             # Extra pids cost nothing (their claims are already gone); keep the last few.
@@ -500,6 +563,38 @@ class Command(BaseCommand):
         if EXIT_LEFT_WORK in codes:
             raise CommandError("burst: rows were left that the workers could not run (see the log)",
                                returncode=EXIT_LEFT_WORK)
+
+
+def _can_fork() -> bool:
+    """Whether this process may fork a worker child: a fork copies only the calling
+    thread, so a lock another thread held (logging, an exporter's queue) would stay held
+    in the child for ever. Python 3.12 warns of exactly that."""
+    return hasattr(os, "fork") and threading.active_count() == 1
+
+
+class ForkedChild:
+    """A `--processes` child forked by `Command._fork_child`, seen as the supervisor sees
+    a subprocess.Popen: pid, poll(), wait(), send_signal() and returncode (negative: the
+    signal that killed it)."""
+
+    def __init__(self, pid: int):
+        self.pid, self.returncode = pid, None
+
+    def poll(self):
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self):
+        if self.returncode is None:
+            self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+        return self.returncode
+
+    def send_signal(self, signum):
+        if self.poll() is None:
+            os.kill(self.pid, signum)
 
 
 class ChildMetrics:
