@@ -91,3 +91,18 @@ TEMPLATES = [{
     ]},
 }]
 LOGGING = {"version": 1, "disable_existing_loggers": False}
+if os.environ.get("GEN_DURABLE_TEST_LOG_BUFFER"):
+    # gen_durable's records held in memory until the process exits (a MemoryHandler in
+    # front of a file), as a buffering log shipper would: a forked worker child must
+    # write its own records at its exit and never a copy of its parent's
+    # (tests/faults/test_supervision.py).
+    LOGGING = {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "handlers": {
+            "file": {"class": "logging.FileHandler", "filename": os.environ["GEN_DURABLE_TEST_LOG_BUFFER"]},
+            "buffer": {"class": "logging.handlers.MemoryHandler", "capacity": 10_000, "flushLevel": 50,  # CRITICAL
+                       "target": "file"},
+        },
+        "loggers": {"gen_durable": {"handlers": ["buffer"], "level": "INFO"}},
+    }

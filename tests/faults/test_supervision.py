@@ -3,6 +3,7 @@ child is restarted and its claims come back at once; children drain and exit whe
 their parent dies; a step that kills its process stops at max_attempts."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -195,3 +196,49 @@ def test_a_forked_childs_exit_status_reaches_the_host(committed, queue_name, tmp
     assert done.stderr.count("(forked from this one") == 2, done.stderr[-3000:]
     assert done.returncode == 3, done.stderr[-3000:]
     assert "rows were left that the workers could not run" in done.stderr
+
+
+def test_forked_children_write_their_own_buffered_log_records_and_never_a_copy_of_the_parents(
+        committed, queue_name, tmp_path):
+    """gen_durable's records go to a MemoryHandler that writes them out at exit
+    (tests/settings.py). The parent's records buffered before a fork are written before
+    it, so no child copies them; each child runs the exit functions (logging's flush)
+    before it leaves. Without that, both children's records were lost and the parent's
+    were written up to three times."""
+    from tests.integration.test_rundurable import child_env
+
+    gd.insert_all([gd.Spec(gd.registry.get("tests.noop"), queue=queue_name) for _ in range(20)])
+    log = tmp_path / "buffered.log"
+    done = subprocess.run([sys.executable, str(ROOT / "tests" / "manage.py"), "rundurable", "--processes", "2",
+                           "--burst", "--queue", f"{queue_name}=2", "--verbosity", "1"],
+                          cwd=ROOT, env=dict(child_env(), GEN_DURABLE_TEST_LOG_BUFFER=str(log)),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    text = log.read_text()
+    children = re.findall(r"child \d is process (\d+) \(forked", text)
+    assert len(children) == 2 and text.count("needs up to") == 1, text
+    for pid in children:  # each child's own first and last record
+        assert f"worker {pid}-" in text and re.search(rf"worker {pid}-\w+ stopped", text), text
+
+
+def test_a_forked_child_is_reaped_once_whatever_polls_it(tmp_path):
+    """ForkedChild as the supervisor's loop and its signal handler use it: a poll that
+    finds another in progress (the handler interrupting the loop's) returns None instead
+    of reaping twice; the next one reads the status; a child reaped elsewhere counts as
+    dead (255), never as running for ever."""
+    from gen_durable.management.commands.rundurable import ForkedChild
+
+    pid = os.fork()
+    if pid == 0:
+        os._exit(7)
+    child = ForkedChild(pid)
+    with child._reaping:  # the loop's poll, interrupted
+        assert child.poll() is None
+    assert child.wait() == 7 and child.poll() == 7
+    child.send_signal(signal.SIGTERM)  # a dead child is not signalled (its pid may be reused)
+
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)  # reaped by someone else
+    assert ForkedChild(pid).poll() == 255

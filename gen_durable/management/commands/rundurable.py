@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import difflib
 import logging
 import os
@@ -278,27 +279,38 @@ class Command(BaseCommand):
 
         The child keeps this process's set-up (settings, apps, the registry, the checks
         it ran) and nothing of its state that must not be shared: every database
-        connection is closed before the fork, so each process opens its own, and the
-        child puts SIGTERM/SIGINT back to their defaults for its worker to take over.
+        connection and cache client is closed before the fork, so each process opens its
+        own; buffered log records are written out first, so none is copied into the
+        child to be written twice. SIGTERM and SIGINT are blocked across the fork: the
+        child puts them back to their defaults (for its worker to take over) before it
+        can receive one, and one sent to this process meanwhile is delivered once the
+        fork returned. The child leaves as an interpreter does, running the exit
+        functions (logging's flush among them) before its exit status.
         """
+        from django.core.cache import caches
         from django.db import connections
 
         parent = os.getpid()
         connections.close_all()
-        for stream in (sys.stdout, sys.stderr, self.stdout, self.stderr):
-            stream.flush()
+        caches.close_all()
+        _flush_output(self)
+        stops = {signal.SIGTERM, signal.SIGINT}
+        signal.pthread_sigmask(signal.SIG_BLOCK, stops)
         try:
             pid = os.fork()
         except OSError as exc:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
             logging.getLogger("gen_durable.worker").warning("could not fork child %d (%s); starting it as a "
                                                             "new process", i, exc)
             return None
         if pid:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
             return ForkedChild(pid)
         code = 1
         try:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
             for alias in self._aliases(options.get("database")):
                 wait_for_database(alias)
             self.handle(**options, child=i, parent=parent, predecessors="")
@@ -307,16 +319,15 @@ class Command(BaseCommand):
             self.stderr.write(f"{type(exc).__name__}: {exc}")
             code = exc.returncode
         except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
+            code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
         except BaseException:
             logging.getLogger("gen_durable.worker").exception("worker child %d failed", i)
         finally:
-            for stream in (sys.stdout, sys.stderr, self.stdout, self.stderr):
-                try:
-                    stream.flush()
-                except Exception:  # noqa: BLE001 - leaving regardless
-                    pass
-            os._exit(code)
+            try:
+                atexit._run_exitfuncs()  # what the interpreter runs at its exit; logging.shutdown is one
+            finally:
+                _flush_output(self)
+                os._exit(code)
 
     def _check_metrics(self, port, address, processes, *, bind=True):
         """Refuse --metrics-port before any worker starts when it cannot work: the
@@ -492,6 +503,9 @@ class Command(BaseCommand):
 
         def spawn(i):
             slot = slots[i]
+            if stopping:  # SIGTERM/SIGINT came while the first children started: no more
+                slot["done"] = True
+                return
             extra = [f"--predecessors={','.join(map(str, slot['dead']))}"] if slot["dead"] else []
             forked = None
             if not slot["dead"] and child_options is not None and _can_fork():
@@ -500,6 +514,8 @@ class Command(BaseCommand):
                                                                                  f"--parent={os.getpid()}"] + extra)
             log.info("child %d is process %d (%s)", i, slot["proc"].pid,
                      "forked from this one, Django set up" if forked else "a new interpreter")
+            if stopping:  # a stop that came while it started: forward() did not know it yet
+                slot["proc"].send_signal(stopping[-1])
             # Keep the dead pids: a replacement may itself die before its start-up reclaim
             # ran, and the next one must still take every predecessor's claims back.
             # Extra pids cost nothing (their claims are already gone); keep the last few.
@@ -566,35 +582,70 @@ class Command(BaseCommand):
 
 
 def _can_fork() -> bool:
-    """Whether this process may fork a worker child: a fork copies only the calling
-    thread, so a lock another thread held (logging, an exporter's queue) would stay held
-    in the child for ever. Python 3.12 warns of exactly that."""
-    return hasattr(os, "fork") and threading.active_count() == 1
+    """Whether this process may fork a worker child: only while it runs one thread. A
+    fork copies only the calling thread, so a lock another thread held (logging, an
+    exporter's queue) would stay held in the child for ever. Counted by the operating
+    system where it can tell (/proc/self/task lists the threads a C extension started
+    too, which `threading` does not know), else by `threading`."""
+    if not hasattr(os, "fork"):
+        return False
+    try:
+        return len(os.listdir("/proc/self/task")) == 1
+    except OSError:
+        return threading.active_count() == 1
+
+
+def _flush_output(command) -> None:
+    """Write out what this process buffered: its streams and every logging handler."""
+    handlers = list(logging.getLogger().handlers)
+    for logger in list(logging.Logger.manager.loggerDict.values()):
+        handlers.extend(getattr(logger, "handlers", ()))
+    for stream in (sys.stdout, sys.stderr, command.stdout, command.stderr, *handlers):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a handler that cannot flush loses its buffer, not the worker
+            pass
 
 
 class ForkedChild:
     """A `--processes` child forked by `Command._fork_child`, seen as the supervisor sees
     a subprocess.Popen: pid, poll(), wait(), send_signal() and returncode (negative: the
-    signal that killed it)."""
+    signal that killed it).
+
+    As Popen does, a poll() that finds another in progress (the supervisor's signal
+    handler forwarding a signal while the loop reaps) returns None instead of reaping the
+    child twice, and a child that something else reaped counts as dead with status 255.
+    """
 
     def __init__(self, pid: int):
         self.pid, self.returncode = pid, None
+        self._reaping = threading.Lock()
 
     def poll(self):
-        if self.returncode is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
+        if self.returncode is not None or not self._reaping.acquire(blocking=False):
+            return self.returncode
+        try:
+            if self.returncode is None:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+                if pid:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+        except ChildProcessError:
+            self.returncode = 255
+        finally:
+            self._reaping.release()
         return self.returncode
 
     def wait(self):
-        if self.returncode is None:
-            self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+        while self.poll() is None:
+            time.sleep(0.05)
         return self.returncode
 
     def send_signal(self, signum):
-        if self.poll() is None:
-            os.kill(self.pid, signum)
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, signum)
+            except ProcessLookupError:
+                pass
 
 
 class ChildMetrics:
