@@ -106,3 +106,12 @@ if os.environ.get("GEN_DURABLE_TEST_LOG_BUFFER"):
         },
         "loggers": {"gen_durable": {"handlers": ["buffer"], "level": "INFO"}},
     }
+    # ...and an exit function registered at start-up, as a pid file's clean-up would be:
+    # it appends this process's pid, so only the processes that ran it are listed.
+    import atexit
+
+    def _note_exit(path=os.environ["GEN_DURABLE_TEST_LOG_BUFFER"] + ".atexit"):
+        with open(path, "a") as f:
+            f.write(f"{os.getpid()}\n")
+
+    atexit.register(_note_exit)

@@ -202,9 +202,10 @@ def test_forked_children_write_their_own_buffered_log_records_and_never_a_copy_o
         committed, queue_name, tmp_path):
     """gen_durable's records go to a MemoryHandler that writes them out at exit
     (tests/settings.py). The parent's records buffered before a fork are written before
-    it, so no child copies them; each child runs the exit functions (logging's flush)
+    it, so no child copies them; each child flushes its handlers (logging.shutdown)
     before it leaves. Without that, both children's records were lost and the parent's
-    were written up to three times."""
+    were written up to three times. The parent's own exit functions (here one that
+    writes a file, as a pid file's clean-up would remove one) run once, in the parent."""
     from tests.integration.test_rundurable import child_env
 
     gd.insert_all([gd.Spec(gd.registry.get("tests.noop"), queue=queue_name) for _ in range(20)])
@@ -219,6 +220,8 @@ def test_forked_children_write_their_own_buffered_log_records_and_never_a_copy_o
     assert len(children) == 2 and text.count("needs up to") == 1, text
     for pid in children:  # each child's own first and last record
         assert f"worker {pid}-" in text and re.search(rf"worker {pid}-\w+ stopped", text), text
+    ran_exit_functions = (tmp_path / "buffered.log.atexit").read_text().split()
+    assert len(ran_exit_functions) == 1 and ran_exit_functions[0] not in children, ran_exit_functions  # the parent
 
 
 def test_a_forked_child_is_reaped_once_whatever_polls_it(tmp_path):
@@ -242,3 +245,4 @@ def test_a_forked_child_is_reaped_once_whatever_polls_it(tmp_path):
         os._exit(0)
     os.waitpid(pid, 0)  # reaped by someone else
     assert ForkedChild(pid).poll() == 255
+

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import atexit
 import difflib
 import logging
 import os
@@ -284,8 +283,9 @@ class Command(BaseCommand):
         child to be written twice. SIGTERM and SIGINT are blocked across the fork: the
         child puts them back to their defaults (for its worker to take over) before it
         can receive one, and one sent to this process meanwhile is delivered once the
-        fork returned. The child leaves as an interpreter does, running the exit
-        functions (logging's flush among them) before its exit status.
+        fork returned. The child flushes and closes its log handlers before it leaves
+        (logging.shutdown), and runs none of the exit functions it inherited: those are
+        the parent's (a pid file, a temporary directory) and run when the parent exits.
         """
         from django.core.cache import caches
         from django.db import connections
@@ -324,7 +324,7 @@ class Command(BaseCommand):
             logging.getLogger("gen_durable.worker").exception("worker child %d failed", i)
         finally:
             try:
-                atexit._run_exitfuncs()  # what the interpreter runs at its exit; logging.shutdown is one
+                logging.shutdown()  # a buffering handler writes out this child's records
             finally:
                 _flush_output(self)
                 os._exit(code)
@@ -548,7 +548,9 @@ class Command(BaseCommand):
                 # EXIT_LEFT_WORK is a crash like any other (a step may os._exit(3)).
                 if stopping or code == 0 or (burst and code == EXIT_LEFT_WORK):
                     slot["done"] = True
-                    codes.append(code)
+                    # A child told to stop before its worker took the signal over ends by
+                    # the signal itself: it held nothing yet, and that is a clean stop.
+                    codes.append(0 if stopping and code in (-signal.SIGTERM, -signal.SIGINT) else code)
                     continue
                 how = f"was killed by signal {-code}" if code < 0 else f"exited with {code}"
                 slot["rapid"] = slot["rapid"] + 1 if now - slot["started"] < STABLE_AFTER else 1
