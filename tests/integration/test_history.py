@@ -130,13 +130,7 @@ def test_a_connection_lost_during_the_flush_leaves_no_entry(committed, queue_nam
     with connection.cursor() as cur:
         cur.execute("SELECT pg_backend_pid()")
         pid = cur.fetchone()[0]
-    import psycopg
-    from django.conf import settings as dj
-
-    other = dj.DATABASES["default"]
-    with psycopg.connect(host=other["HOST"] or None, port=other["PORT"] or None, user=other["USER"],
-                         password=other["PASSWORD"] or None, dbname=connection.settings_dict["NAME"],
-                         autocommit=True) as admin:
+    with _other_session(autocommit=True) as admin:
         admin.execute("SELECT pg_terminate_backend(%s)", [pid])
     with pytest.raises(DatabaseError):
         flush([stamped(Done(None), Plain, job)])
@@ -415,12 +409,14 @@ def test_the_timeline_is_read_from_the_instances_own_database(admin_client, queu
 
 # --- a locked history table costs entries, never outcomes ---------------------------------------
 
-def _other_session():
+def _other_session(**kwargs):
+    """A second session on the test database, reached as Django reaches it (an embedded
+    server's socket directory comes in OPTIONS, not HOST)."""
     import psycopg
 
-    s = connection.settings_dict
-    return psycopg.connect(dbname=s["NAME"], user=s["USER"] or "postgres", host=s["HOST"] or "127.0.0.1",
-                           port=s["PORT"] or 5432)
+    params = connection.get_connection_params()
+    return psycopg.connect(**{k: params[k] for k in ("dbname", "user", "password", "host", "port")
+                              if params.get(k) not in (None, "")}, **kwargs)
 
 
 def test_a_locked_history_table_drops_entries_and_keeps_outcomes_flowing(committed, queue_name, settings,
