@@ -146,6 +146,7 @@ class Supervisor:
         for sched in self.schedulers.values():
             sched.on_deferred = self._poke_timer  # rows the limiter deferred come due on time
         self._stop = threading.Event()
+        self._stop_signal = None  # the signal that asked this worker to stop (logged as it stops)
         self._roles = []
         self.listener = None
         # Await deadlines and scheduled rows fire on time, reaper or not (docs/guide.md "Time").
@@ -348,8 +349,23 @@ class Supervisor:
         role.tag = self.token
         return role
 
-    def request_stop(self, *_):
+    def request_stop(self, signum=None, frame=None):
+        """Ask the worker to drain and stop (a signal handler: `signum` is the signal, if
+        any; the run loop logs it, since a handler must not write to the log itself)."""
+        if signum is not None and self._stop_signal is None:
+            self._stop_signal = signum
         self._stop.set()
+
+    def _log_stopping(self, why: str | None):
+        """One line as the drain begins: why, and what it waits for."""
+        if why is None:
+            why = (f"received {signal.Signals(self._stop_signal).name}" if self._stop_signal is not None
+                   else "asked to stop")
+        running = sum(s.running for s in self.schedulers.values())
+        buffered = sum(len(s.buffer) for s in self.schedulers.values())
+        logger.info("gen_durable worker %s stopping (%s): no new claims; %d buffered rows are released, "
+                    "%d running steps get up to %gs (DRAIN_TIMEOUT) to finish", self.token, why, buffered,
+                    running, self.s.DRAIN_TIMEOUT)
 
     def stop(self, deadline: float | None = None):
         """Drain and stop every role; hand back what still runs; leave the registry.
@@ -453,7 +469,7 @@ class Supervisor:
         last = time.monotonic()
         done_before = {q: 0 for q in self.schedulers}
         progress = (0, time.monotonic())  # (steps completed, when that count last changed): --max-wait
-        code = 0
+        code, why = 0, None
         while not self._stop.wait(min(self.s.POLL_INTERVAL, 1.0)):
             dead = self.dead_threads()
             if dead:
@@ -462,7 +478,7 @@ class Supervisor:
                 # so the rows are handed back and whatever runs this process restarts it.
                 logger.error("worker %s: the %s thread died (see the traceback above); stopping, exit code 1",
                              self.token, " and ".join(dead))
-                code = 1
+                code, why = 1, f"the {' and '.join(dead)} thread died"
                 break
             now = time.monotonic()
             if now - last >= self.config.throughput_every:
@@ -473,6 +489,7 @@ class Supervisor:
                 last = now
             if self.config.parent_pid is not None and os.getppid() != self.config.parent_pid:
                 logger.warning("parent process %s is gone; draining and stopping", self.config.parent_pid)
+                why = f"parent process {self.config.parent_pid} is gone"
                 break
             if self.config.burst:
                 done_now = sum(s.completed for s in self.schedulers.values())
@@ -489,10 +506,12 @@ class Supervisor:
                         self._warn_of_stranded_rows()  # what it leaves behind, if anything
                         if self.log_leftovers():
                             code = EXIT_LEFT_WORK
+                        why = "burst mode: done"
                         break
                 except Exception as exc:
                     logger.warning("idle check failed: %s", exc)
                     db.connection(self.using).close()
+        self._log_stopping(why)
         deadline = time.monotonic() + self.s.DRAIN_TIMEOUT + SHUTDOWN_GRACE
         guard = ShutdownGuard(deadline, self.token)
         self.stop(deadline)
@@ -520,9 +539,9 @@ def run_several(configs: list[WorkerConfig]) -> int:
     sups = [Supervisor(c) for c in configs]
     codes: list = [None] * len(sups)
 
-    def stop_all(*_):
+    def stop_all(signum=None, frame=None):
         for sup in sups:
-            sup.request_stop()
+            sup.request_stop(signum)
 
     def run(i):
         try:

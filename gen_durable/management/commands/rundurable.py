@@ -191,9 +191,12 @@ class Command(BaseCommand):
             # the code on disk may have changed since.
             options["skip_checks"] = True
             self.requires_migrations_checks = False
-        for alias in self._aliases(options.get("database")):
-            wait_for_database(alias)
+        self._wait_for_databases(options.get("database"))
         return super().execute(*args, **options)
+
+    def _wait_for_databases(self, database):
+        for alias in self._aliases(database):
+            wait_for_database(alias)
 
     @staticmethod
     def _aliases(database) -> list[str]:
@@ -265,6 +268,10 @@ class Command(BaseCommand):
             if served is not None:
                 served.close()
         if code == EXIT_LEFT_WORK:
+            if parent is not None:
+                # A child of --processes: the log line above says what was left, and its
+                # parent reports the exit status once for every child.
+                raise SystemExit(EXIT_LEFT_WORK)
             raise CommandError("burst: rows were left that this worker could not run (see the log line above)",
                                returncode=EXIT_LEFT_WORK)
         if code:
@@ -311,8 +318,7 @@ class Command(BaseCommand):
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
-            for alias in self._aliases(options.get("database")):
-                wait_for_database(alias)
+            self._wait_for_databases(options.get("database"))
             self.handle(**options, child=i, parent=parent, predecessors="")
             code = 0
         except CommandError as exc:
