@@ -77,7 +77,7 @@ class OtelHandler:
 
         self._trace = trace
         self.traces, self.metrics = traces, metrics
-        self.using = using
+        self.using = using  # alias(es) of the queue gauges: None, a str, or several (serve_databases)
         self._open: dict = {}  # instance id -> (span, context token) of its running step
         self._queues: set = set()  # queues whose schedulers run in this process
         if traces:
@@ -176,41 +176,59 @@ class OtelHandler:
                 pass
 
     # --- queue gauges ----------------------------------------------------------------
+    def serve_databases(self, aliases) -> None:
+        """Read the queue gauges from each of `aliases` (a list of database aliases: the
+        ones this process's workers serve, `rundurable --database`). With more than one,
+        every point carries a `database` attribute beside `queue`. A handler installed with
+        its own `using` keeps it."""
+        if self.using is None:
+            self.using = tuple(dict.fromkeys(aliases))
+
+    def _aliases(self) -> tuple:
+        from ..conf import database_alias
+
+        if self.using is None or isinstance(self.using, str):
+            return (database_alias(self.using),)
+        return tuple(database_alias(a) for a in self.using)
+
     def _depths(self):
-        """{queue: (runnable, lag seconds | None)} for this process's queues; one statement,
-        cached for a second so the two gauges of one collection share it."""
+        """{attributes: (runnable, lag seconds)} for this process's queues in each served
+        database; one statement per database, cached for a second so the two gauges of
+        one collection share it."""
         at, cached = self._depth_cache
         now = time.monotonic()
         if now - at < 1.0 or not self._queues:
             return cached
         from django.db import connections
 
-        from ..conf import database_alias
         from ..queues import queue_depth
 
-        try:
-            rows = queue_depth(sorted(self._queues), self.using)
-        except Exception as exc:
-            logger.warning("queue gauges: %s", exc)
-            rows = {}
-        finally:
-            connections[database_alias(self.using)].close()  # the SDK's collecting thread
+        aliases = self._aliases()
         out = {}
-        for queue, (runnable, _due, oldest, db_now) in rows.items():
-            lag = max((db_now - oldest).total_seconds(), 0.0) if oldest is not None and oldest <= db_now else 0.0
-            out[queue] = (runnable, lag)
+        for alias in aliases:
+            try:
+                rows = queue_depth(sorted(self._queues), alias)
+            except Exception as exc:
+                logger.warning("queue gauges of database %r: %s", alias, exc)
+                rows = {}
+            finally:
+                connections[alias].close()  # the SDK's collecting thread
+            for queue, (runnable, _due, oldest, db_now) in rows.items():
+                lag = max((db_now - oldest).total_seconds(), 0.0) if oldest is not None and oldest <= db_now else 0.0
+                attributes = (("queue", queue),) + ((("database", alias),) if len(aliases) > 1 else ())
+                out[attributes] = (runnable, lag)
         self._depth_cache = (now, out)
         return out
 
     def _observe_depth(self, options):
         from opentelemetry.metrics import Observation
 
-        return [Observation(n, {"queue": q}) for q, (n, _lag) in self._depths().items()]
+        return [Observation(n, dict(attrs)) for attrs, (n, _lag) in self._depths().items()]
 
     def _observe_lag(self, options):
         from opentelemetry.metrics import Observation
 
-        return [Observation(lag, {"queue": q}) for q, (_n, lag) in self._depths().items()]
+        return [Observation(lag, dict(attrs)) for attrs, (_n, lag) in self._depths().items()]
 
 
 _installed: OtelHandler | None = None
@@ -221,7 +239,8 @@ def install(tracer_provider=None, meter_provider=None, *, traces=True, metrics=T
     """Attach the OpenTelemetry handler (idempotent: a second call replaces the first).
 
     Args: tracer_provider / meter_provider: default the global providers; traces /
-        metrics: which to produce; using: database alias of the queue gauges.
+        metrics: which to produce; using: database alias of the queue gauges (default:
+        the ones `rundurable --database` serves, else GEN_DURABLE['DATABASE']).
     Raises ImportError when opentelemetry-api is not installed.
     """
     global _installed

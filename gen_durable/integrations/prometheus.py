@@ -96,12 +96,14 @@ _serving: WorkerMetrics | None = None
 _serving_lock = threading.Lock()
 
 
-def serve_worker_metrics(port: int, address: str = DEFAULT_ADDRESS, *, using: str | None = None) -> WorkerMetrics:
+def serve_worker_metrics(port: int, address: str = DEFAULT_ADDRESS, *,
+                         using: str | list[str] | None = None) -> WorkerMetrics:
     """Serve this process's gen_durable metrics at http://ADDRESS:PORT/metrics.
 
     Attaches a metrics-only gen_durable.otel handler whose MeterProvider reads through
     OpenTelemetry's PrometheusMetricReader, and starts prometheus_client's HTTP server
-    (a daemon thread). `using`: the database alias of the queue gauges.
+    (a daemon thread). `using`: the database alias of the queue gauges, or a list of
+    aliases (each gauge then carries a `database` label); default GEN_DURABLE['DATABASE'].
     One per process. Raises ImportError (the extra is missing), ValueError (a port
     outside 1–65535), RuntimeError (this process already serves one: close() it first)
     or OSError (the address cannot be bound: the port is in use, the address is not this
@@ -130,7 +132,8 @@ def serve_worker_metrics(port: int, address: str = DEFAULT_ADDRESS, *, using: st
             reason = exc.strerror or str(exc)
             raise OSError(exc.errno, f"cannot serve Prometheus metrics on {address}:{port}: {reason}") from exc
         provider = MeterProvider(metric_readers=[PrometheusMetricReader()])
-        handler = OtelHandler(meter_provider=provider, traces=False, metrics=True, using=using)
+        handler = OtelHandler(meter_provider=provider, traces=False, metrics=True,
+                              using=tuple(using) if isinstance(using, (list, tuple)) else using)
         telemetry.attach("", handler)
         _serving = WorkerMetrics(address, port, server, thread, provider, handler)
         return _serving

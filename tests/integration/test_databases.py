@@ -286,3 +286,51 @@ def test_rundurable_names_routed_databases_it_does_not_serve(two_databases, keep
         call_command("rundurable", "--burst", "--database", "default", "--database", "other", "--queue", "default=1",
                      "--no-gc", verbosity=1)
         assert not [r for r in caplog.records if "which this host does not serve" in r.getMessage()]
+
+
+def test_worker_metrics_of_a_process_serving_two_databases_carry_each_databases_queue_gauges(
+        two_databases, queue_name):
+    """`rundurable --database default --database other --metrics-port`: the queue gauges
+    read every served database, each point labelled with its database. On main they read
+    the first alias only, so the other database's backlog never showed."""
+    from gen_durable import telemetry
+    from gen_durable.integrations import prometheus
+    from tests.integration.test_prometheus import free_port, scrape, value
+
+    gd.insert_all([gd.Spec(Counter, queue=queue_name) for _ in range(2)], using="default")
+    gd.insert_all([gd.Spec(Counter, queue=queue_name) for _ in range(3)], using="other")
+    served = prometheus.serve_worker_metrics(free_port(), using=BOTH)
+    try:
+        telemetry.emit("scheduler.saturation", {"in_flight": 0, "buffer": 0}, {"queue": queue_name})
+        samples = scrape(served.url)
+    finally:
+        served.close()
+    assert value(samples, "gen_durable_queue_depth", queue=queue_name, database="default") == 2
+    assert value(samples, "gen_durable_queue_depth", queue=queue_name, database="other") == 3
+    assert len([s for s in samples["gen_durable_queue_lag_seconds"] if s[0]["queue"] == queue_name]) == 2
+
+
+def test_rundurable_points_the_opentelemetry_gauges_at_the_databases_it_serves(
+        two_databases, keep_signal_handlers, queue_name):  # noqa: F811
+    """OPENTELEMETRY's handler is installed at start-up with no database; a worker on
+    `--database other` makes it observe the queue gauges there. On main it read
+    GEN_DURABLE['DATABASE'] (default), where this queue has no row."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from gen_durable.integrations import otel
+    from tests.integration.test_otel import _points
+
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    otel.install(traces=False, metrics=True, meter_provider=provider)
+    try:
+        gd.insert_all([gd.Spec(Counter, state={"target": 1}, queue=queue_name)], using="other")
+        call_command("rundurable", "--burst", "--database", "other", "--queue", f"{queue_name}=1", "--no-gc",
+                     verbosity=0)
+        gd.insert_all([gd.Spec(Counter, queue=queue_name) for _ in range(4)], using="other")  # a backlog there
+        depth = {a["queue"]: p.value for a, p in _points(reader)["gen_durable.queue.depth"]}
+    finally:
+        otel.uninstall()
+        provider.shutdown()
+    assert depth[queue_name] == 4

@@ -253,14 +253,17 @@ class Command(BaseCommand):
                                 max_wait=max_wait, parent_pid=parent, using=alias,
                                 predecessors=tuple(int(p) for p in predecessors.split(",") if p))
                    for alias in aliases]
+        otel = sys.modules.get("gen_durable.integrations.otel")  # OPENTELEMETRY's handler, when on
+        if getattr(otel, "_installed", None) is not None:
+            otel._installed.serve_databases(aliases)  # its queue gauges: every served database
         served = None
         if metrics_port is not None and child is None:
-            served = self._serve_metrics(metrics_port, metrics_address, aliases[0], child)
+            served = self._serve_metrics(metrics_port, metrics_address, aliases, child)
         elif metrics_port is not None:
             # The parent checked every port before the first start; a restarted child may
             # find its port taken meanwhile. Observability never stops job processing: it
             # logs the error and runs on, binding again later (docs/observability.md).
-            served = ChildMetrics(lambda: self._serve_metrics(metrics_port + child, metrics_address, aliases[0],
+            served = ChildMetrics(lambda: self._serve_metrics(metrics_port + child, metrics_address, aliases,
                                                               child), metrics_port + child, child)
         try:
             code = Supervisor(configs[0]).run() if len(configs) == 1 else run_several(configs)
