@@ -147,6 +147,7 @@ class Supervisor:
             sched.on_deferred = self._poke_timer  # rows the limiter deferred come due on time
         self._stop = threading.Event()
         self._stop_signal = None  # the signal that asked this worker to stop (logged as it stops)
+        self._stop_reason = None  # or why another part of the process asked it to
         self._roles = []
         self.listener = None
         # Await deadlines and scheduled rows fire on time, reaper or not (docs/guide.md "Time").
@@ -349,18 +350,21 @@ class Supervisor:
         role.tag = self.token
         return role
 
-    def request_stop(self, signum=None, frame=None):
+    def request_stop(self, signum=None, frame=None, *, reason=None):
         """Ask the worker to drain and stop (a signal handler: `signum` is the signal, if
-        any; the run loop logs it, since a handler must not write to the log itself)."""
+        any; `reason`, else the signal, is logged by the run loop as the drain begins,
+        since a handler must not write to the log itself)."""
         if signum is not None and self._stop_signal is None:
             self._stop_signal = signum
+        if reason is not None and self._stop_reason is None:
+            self._stop_reason = reason
         self._stop.set()
 
     def _log_stopping(self, why: str | None):
         """One line as the drain begins: why, and what it waits for."""
         if why is None:
             why = (f"received {signal.Signals(self._stop_signal).name}" if self._stop_signal is not None
-                   else "asked to stop")
+                   else self._stop_reason or "asked to stop")
         running = sum(s.running for s in self.schedulers.values())
         buffered = sum(len(s.buffer) for s in self.schedulers.values())
         logger.info("gen_durable worker %s stopping (%s): no new claims; %d buffered rows are released, "
@@ -534,14 +538,15 @@ def run_several(configs: list[WorkerConfig]) -> int:
     limits are per database, as the rows are. When one supervisor stops with an error
     (a dead engine thread) the others are stopped too, so whatever runs this process
     restarts all of it. In burst mode each stops once its own database is idle, and the
-    call returns when all have.
+    call returns when all have: one that leaves rows it cannot run (EXIT_LEFT_WORK)
+    stops only itself. The exit code is an error's (1) before EXIT_LEFT_WORK.
     """
     sups = [Supervisor(c) for c in configs]
     codes: list = [None] * len(sups)
 
-    def stop_all(signum=None, frame=None):
+    def stop_all(signum=None, frame=None, *, reason=None):
         for sup in sups:
-            sup.request_stop(signum)
+            sup.request_stop(signum, reason=reason)
 
     def run(i):
         try:
@@ -549,8 +554,8 @@ def run_several(configs: list[WorkerConfig]) -> int:
         except Exception:
             logger.exception("worker for database %r failed", database_alias(sups[i].using))
             codes[i] = 1
-        if codes[i]:
-            stop_all()
+        if codes[i] and codes[i] != EXIT_LEFT_WORK:
+            stop_all(reason=f"the worker for database {database_alias(sups[i].using)!r} stopped with an error")
 
     signal.signal(signal.SIGTERM, stop_all)
     signal.signal(signal.SIGINT, stop_all)
@@ -562,4 +567,4 @@ def run_several(configs: list[WorkerConfig]) -> int:
     while any(t.is_alive() for t in threads):
         for t in threads:
             t.join(0.2)
-    return next((c for c in codes if c), 0)
+    return next((c for c in codes if c and c != EXIT_LEFT_WORK), EXIT_LEFT_WORK if EXIT_LEFT_WORK in codes else 0)

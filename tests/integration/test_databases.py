@@ -334,3 +334,26 @@ def test_rundurable_points_the_opentelemetry_gauges_at_the_databases_it_serves(
         otel.uninstall()
         provider.shutdown()
     assert depth[queue_name] == 4
+
+
+def test_a_burst_that_leaves_rows_in_one_database_lets_the_others_finish(
+        two_databases, keep_signal_handlers, queue_name, tmp_path, caplog):  # noqa: F811
+    """`--burst --database default --database other`: default's queue is paused, so its
+    worker stops at its first idle check and exits 3; other's slow jobs still run to the
+    end, and the command exits 3. On main the first worker's exit 3 stopped the other
+    too, leaving its rows runnable."""
+    from tests.durable_app.supervision_machines import Sleeper
+
+    gd.insert_all([gd.Spec(Counter, queue=queue_name) for _ in range(2)], using="default")
+    gd.pause_queue(queue_name, using="default")
+    log = tmp_path / "runs.log"
+    slow = gd.insert_all([gd.Spec(Sleeper, args={"log": str(log), "sleep": 0.5}, queue=queue_name)
+                          for _ in range(6)], using="other")
+    with caplog.at_level("INFO", "gen_durable"), pytest.raises(CommandError) as raised:
+        call_command("rundurable", "--burst", "--database", "default", "--database", "other",
+                     "--queue", f"{queue_name}=1", "--no-gc", verbosity=1)
+    assert raised.value.returncode == 3
+    assert set(Instance.objects.using("other").filter(id__in=slow).values_list("status", flat=True)) == {"done"}
+    assert set(Instance.objects.using("default").filter(queue=queue_name).values_list("status", flat=True)) \
+        == {"runnable"}
+    assert caplog.text.count("stopping (burst mode: done)") == 2, caplog.text[-3000:]
