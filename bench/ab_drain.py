@@ -59,10 +59,13 @@ for r in range(rounds):
             f, last = c.execute("SELECT extract(epoch FROM min(updated_at)), extract(epoch FROM max(updated_at)) "
                                 "FROM gen_durable WHERE status = 'done'").fetchone()
         cpu = ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime
-        row = dict(start=float(f) - t, total=float(last) - t, drain=float(last) - float(f), cpu=cpu, n=n_jobs)
+        sys_cpu = ru1.ru_stime - ru0.ru_stime
+        switches = (ru1.ru_nvcsw + ru1.ru_nivcsw) - (ru0.ru_nvcsw + ru0.ru_nivcsw)
+        row = dict(start=float(f) - t, total=float(last) - t, drain=float(last) - float(f), cpu=cpu, n=n_jobs,
+                   sys=sys_cpu, switches=switches)
         res[name].append(row)
         print(f"r{r} {name:12s} first {row['start'] * 1000:5.0f} ms  total {row['total'] * 1000:5.0f} ms  "
-              f"drain {row['drain'] * 1000:5.0f} ms  ({row['n'] / row['drain']:,.0f}/s)  cpu {cpu:.2f}s  "
+              f"drain {row['drain'] * 1000:5.0f} ms  ({row['n'] / row['drain']:,.0f}/s)  cpu {cpu:.2f}s (sys {sys_cpu:.2f}s, {switches:,} context switches)  "
               f"load {os.getloadavg()[0]:.1f}", flush=True)
 print("medians:")
 for name, rows in res.items():

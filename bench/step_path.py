@@ -71,7 +71,7 @@ def claim(i, fsm, step, state, chain=None):
     raw = json.dumps(state)
     job = Claimed(id=i, fsm=fsm, fsm_version=1, step=step, state=json.loads(raw), attempt=0, awaits=None,
                   queue="default", priority=0, eligible_at=0.0, concurrency_key=None, concurrency_shard=None,
-                  rate_limit=None, weight=1.0, correlation_key=None, parent_id=None, worker="bench-worker")
+                  rate_limit=None, weight=1.0, correlation_key=None, parent_id=None, claim=1, worker="bench-worker")
     job.raw_state, job.is_async = raw, False
     if chain is not None:
         job.chain, job.checked = chain, time.monotonic()
