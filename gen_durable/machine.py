@@ -294,7 +294,10 @@ class Job(Machine):
             cls._perform_arity = n
             # A Job has no children (ScheduleChildren is refused); its inbox is visible
             # only through the ctx that a 3-argument perform or an own handle() receives.
-            cls._gd_inputs = ("inbox",) if n >= 3 or cls.handle is not Job.handle else ()
+            # A @gd.job wrapper always takes (self, args, ctx): it says whether the
+            # function it wraps receives the ctx (`_gd_takes_ctx`).
+            takes_ctx = getattr(perform, "_gd_takes_ctx", n >= 3)
+            cls._gd_inputs = ("inbox",) if takes_ctx or cls.handle is not Job.handle else ()
         super().__init_subclass__(**kwargs)
 
     def perform(self, args, ctx):  # pragma: no cover - replaced by subclasses
@@ -387,6 +390,7 @@ def job(fn=None, *, queue: str = "default", max_attempts: int = 20, name: str | 
         else:
             def perform(self, args, ctx):
                 return fn(args, ctx) if arity >= 2 else fn(args)
+        perform._gd_takes_ctx = arity >= 2  # fn(args) never sees the ctx: its claim loads no inbox
 
         attrs = {
             "queue": queue,
@@ -402,9 +406,6 @@ def job(fn=None, *, queue: str = "default", max_attempts: int = 20, name: str | 
         }
         if backoff is not None:
             attrs["backoff"] = lambda self, attempt: backoff(attempt)
-        cls = type(fn.__name__, (Job,), attrs)
-        if arity < 2:
-            cls._gd_inputs = ()  # fn(args) never receives the ctx: its claim loads no inbox
-        return cls
+        return type(fn.__name__, (Job,), attrs)
 
     return wrap(fn) if fn is not None else wrap
