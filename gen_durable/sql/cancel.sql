@@ -33,7 +33,9 @@ WITH target AS (
                       THEN 'runnable'::gen_durable_status ELSE p.status END,
         eligible_at = CASE WHEN p.status = 'awaiting_children' AND p.children_pending <= 1
                            THEN now() ELSE p.eligible_at END,
-        updated_at = now()
+        -- An executing parent keeps its updated_at: it is the claim's time, which the
+        -- admin's "running" column and the overview's longest-running step read.
+        updated_at = CASE WHEN p.status = 'executing' THEN p.updated_at ELSE now() END
     FROM upd
     WHERE p.id = upd.parent_id AND p.status NOT IN ('done', 'failed')  -- terminal rows stay as they are
     RETURNING p.status, p.queue

@@ -17,7 +17,9 @@ WITH d AS (
                       THEN 'runnable' ELSE p.status END,
         eligible_at = CASE WHEN p.status = 'awaiting_children' AND p.children_pending - d.n <= 0
                            THEN now() ELSE p.eligible_at END,
-        updated_at = now()
+        -- An executing parent keeps its updated_at: it is the claim's time, which the
+        -- admin's "running" column and the overview's longest-running step read.
+        updated_at = CASE WHEN p.status = 'executing' THEN p.updated_at ELSE now() END
     FROM d JOIN locked l ON l.id = d.id
     -- A terminal parent (cancelled mid-join) is left alone: terminal rows are never
     -- updated again, so updated_at stays the termination instant GC ages it by.

@@ -297,6 +297,28 @@ def test_a_terminal_parent_is_left_alone_by_its_childrens_join(queue_name):
 
 
 @pytest.mark.django_db
+def test_an_executing_parent_keeps_its_claim_time_while_its_children_join(queue_name):
+    """updated_at of an executing row is its claim's time: the admin's "running" column
+    and the overview's longest-running step read it. A child's Done (the flush's
+    join_parents) and a child's cancel count off the parent without moving it; on main
+    both reset it to now(), so a parent running for an hour showed as just started."""
+    kids_q = f"{queue_name}-kids"
+    parent = gd.insert(FanOut, queue=queue_name, state={"kid_queue": kids_q, "kids": [{"i": 0}, {"i": 1}]})
+    drain(queue_name)
+    with connection.cursor() as cur:  # the parent as a worker holds it, claimed an hour ago
+        cur.execute("UPDATE gen_durable SET status = 'executing', locked_by = 'w-parent', "
+                    "lease_expires_at = now() + interval '1 minute', updated_at = now() - interval '1 hour' "
+                    "WHERE id = %s", [parent])
+    claimed_at = row(parent).updated_at
+    run_one(kids_q)  # a child's Done joins through the flush
+    first, second = ran_and_waiting(parent)
+    assert (row(parent).children_pending, row(parent).updated_at) == (1, claimed_at)
+    gd.cancel(second.id)  # a child's cancel joins through cancel.sql
+    after = row(parent)
+    assert (after.status, after.children_pending, after.updated_at) == ("executing", 0, claimed_at)
+
+
+@pytest.mark.django_db
 def test_a_running_steps_late_outcome_after_cancel_is_dropped(queue_name):
     kids_q = f"{queue_name}-kids"
     parent = gd.insert(FanOut, queue=queue_name, state={"kid_queue": kids_q, "kids": [{"i": 0}, {"i": 1}]})
