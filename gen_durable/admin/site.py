@@ -101,7 +101,8 @@ def engine_aliases() -> list[str]:
 def request_alias(request) -> str:
     """The database alias a page works on: `?database=ALIAS` (also read from a change
     page's preserved changelist filters, and from a POST), default GEN_DURABLE['DATABASE'].
-    Raises Http404 for an alias Django's DATABASES lacks."""
+    Raises Http404 for an alias Django's DATABASES lacks, BadRequest (400) when the
+    request names two different aliases."""
     from urllib.parse import parse_qs
 
     from django.db import connections
@@ -110,6 +111,11 @@ def request_alias(request) -> str:
     cached = getattr(request, "_gd_database", None)
     if cached is not None:
         return cached
+    named = set(request.GET.getlist("database") + request.POST.getlist("database")) - {""}
+    if len(named) > 1:  # which one an action would run on must never be a guess
+        from django.core.exceptions import BadRequest
+
+        raise BadRequest(f"one database at a time: the request names {', '.join(sorted(named))}")
     alias = request.GET.get("database") or request.POST.get("database")
     if not alias and request.GET.get("_changelist_filters"):
         alias = (parse_qs(request.GET["_changelist_filters"]).get("database") or [None])[0]

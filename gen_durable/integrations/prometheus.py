@@ -227,7 +227,8 @@ def metrics_view(request, using: str | None = None):
     """Django view: the database metrics in Prometheus' text format (OpenMetrics when the
     scraper asks for it). `?database=ALIAS` picks another alias of DATABASES (default:
     `using`, from urls.py's kwargs, else GEN_DURABLE['DATABASE']); an alias that is not
-    one of gen_durable's (`served_aliases`) is a 404, any other query parameter a 400.
+    one of gen_durable's (`served_aliases`) is a 404, two different aliases or any other
+    query parameter a 400.
     GET and HEAD only."""
     from django.db import connections
     from django.http import Http404, HttpResponse, HttpResponseBadRequest, HttpResponseNotAllowed
@@ -238,6 +239,8 @@ def metrics_view(request, using: str | None = None):
     if unknown:
         return HttpResponseBadRequest(f"unknown query parameter(s) {', '.join(unknown)}; only ?database=ALIAS\n",
                                       content_type="text/plain")
+    if len(set(request.GET.getlist("database"))) > 1:
+        return HttpResponseBadRequest("one ?database=ALIAS at a time\n", content_type="text/plain")
     alias = request.GET.get("database") or database_alias(using)
     if alias not in connections.settings or alias not in served_aliases(using):
         # Only gen_durable's databases: an open scrape URL must not reach any other alias.

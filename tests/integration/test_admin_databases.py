@@ -36,6 +36,14 @@ def test_an_unknown_database_is_a_404(admin_client):
     assert admin_client.get(OVERVIEW + "?database=nope").status_code == 404
 
 
+def test_two_databases_in_one_request_are_a_400(admin_client):
+    """Which database an action runs on is never a guess: on main the last value won."""
+    assert admin_client.get(CHANGELIST + "?database=default&database=other").status_code == 400
+    assert admin_client.get(OVERVIEW + "?database=other&database=default").status_code == 400
+    assert admin_client.post(CHANGELIST + "?database=default", {"database": "other"}).status_code == 400
+    assert admin_client.get(CHANGELIST + "?database=other&database=other").status_code == 200
+
+
 def test_the_detail_page_reads_the_selected_database(admin_client, rows):
     id_, queue = rows["other"]
     url = reverse("admin:gen_durable_instance_change", args=[id_])

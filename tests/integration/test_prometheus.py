@@ -455,6 +455,8 @@ def test_the_view_reads_another_database_by_query_or_urls_kwargs(client, queue_n
 @pytest.mark.django_db
 def test_the_view_refuses_what_it_does_not_understand(client):
     assert client.get("/metrics/?database=nope").status_code == 404
+    two = client.get("/metrics/?database=default&database=other")
+    assert two.status_code == 400 and b"one ?database=ALIAS at a time" in two.content
     bad = client.get("/metrics/?databse=other")
     assert bad.status_code == 400 and b"databse" in bad.content
     assert client.post("/metrics/").status_code == 405
