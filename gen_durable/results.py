@@ -47,6 +47,9 @@ class Snapshot:
     eligible_at: dt.datetime
     inserted_at: dt.datetime
     updated_at: dt.datetime
+    # The formatted traceback of the last failed attempt (bounded), beside last_error;
+    # None when the error came from no exception (gd.Stop, a cancel) or none happened.
+    last_traceback: str | None = None
 
 
 @dataclass(frozen=True)

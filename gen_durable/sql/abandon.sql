@@ -38,7 +38,7 @@ WITH owned AS (
     SET status = 'runnable', locked_by = NULL, lease_expires_at = NULL,
         concurrency_shard = NULL, attempt = g.attempt + 1, eligible_at = now(),
         last_error = format('the worker shut down during step %%s (attempt %%s): still running after '
-                            'DRAIN_TIMEOUT (%%s s)', g.step, g.attempt + 1, %(drain)s::float8),
+                            'DRAIN_TIMEOUT (%%s s)', g.step, g.attempt, %(drain)s::float8),
         last_traceback = NULL,  -- no traceback: the attempt ended without an exception
         updated_at = now(),
         attempt_log = CASE WHEN g.attempt_log IS NULL THEN NULL
@@ -59,7 +59,7 @@ WITH owned AS (
     INSERT INTO gen_durable_history (instance_id, attempt, step, outcome, error, worker, started_at, finished_at)
     SELECT x.id, x.attempt, x.step, 'abandoned',
            format('the worker shut down during step %%s (attempt %%s): still running after '
-                  'DRAIN_TIMEOUT (%%s s)', x.step, x.attempt + 1, %(drain)s::float8),
+                  'DRAIN_TIMEOUT (%%s s)', x.step, x.attempt, %(drain)s::float8),
            %(worker)s, GREATEST(x.claimed_at, (SELECT h.finished_at FROM gen_durable_history h
                                    WHERE h.instance_id = x.id ORDER BY h.id DESC LIMIT 1)), now()
     FROM upd JOIN owned_first x ON x.id = upd.id

@@ -7,7 +7,7 @@
 -- comes first, then the newest.
 SELECT id, fsm, fsm_version, step, status::text, state, result, last_error, attempt, queue,
        priority, correlation_key, awaits, parent_id, children_pending, eligible_at,
-       inserted_at, updated_at
+       inserted_at, updated_at, last_traceback
 FROM gen_durable
 WHERE id = %(id)s::bigint OR (correlation_key = %(key)s::text AND correlation_scope <> '{}')
 ORDER BY correlation_guard IS NULL, id DESC

@@ -39,7 +39,7 @@ WITH expired AS (
     SET status = 'runnable', locked_by = NULL, lease_expires_at = NULL,
         concurrency_shard = NULL, attempt = g.attempt + 1, eligible_at = now(),
         last_error = format('the worker died or lost its lease during step %%s (attempt %%s)',
-                            g.step, g.attempt + 1),
+                            g.step, g.attempt),
         last_traceback = NULL,  -- no traceback: the attempt ended without an exception
         updated_at = now(),
         -- A row that keeps an attempt_log (Django tasks) records the lost attempt too.
@@ -60,7 +60,7 @@ WITH expired AS (
     -- to now, with the text of last_error.
     INSERT INTO gen_durable_history (instance_id, attempt, step, outcome, error, worker, started_at, finished_at)
     SELECT x.id, x.attempt, x.step, 'lost',
-           format('the worker died or lost its lease during step %%s (attempt %%s)', x.step, x.attempt + 1),
+           format('the worker died or lost its lease during step %%s (attempt %%s)', x.step, x.attempt),
            x.locked_by, GREATEST(x.claimed_at, (SELECT h.finished_at FROM gen_durable_history h
                                    WHERE h.instance_id = x.id ORDER BY h.id DESC LIMIT 1)), now()
     FROM upd JOIN expired_first x ON x.id = upd.id

@@ -53,12 +53,12 @@ WITH stale AS (
         concurrency_shard = NULL, attempt = g.attempt + stale.counted::int, eligible_at = now(),
         last_error = CASE WHEN stale.counted THEN
                          format('the worker died during step %%s (attempt %%s%%s); reclaimed at start-up', g.step,
-                                g.attempt + 1, CASE WHEN stale.crowd > 1 THEN format(
+                                g.attempt, CASE WHEN stale.crowd > 1 THEN format(
                                     ': it was running at the crash before too, beside %%s other step(s) now',
                                     stale.crowd - 1) ELSE '' END)
                      ELSE format('the worker died during step %%s (attempt %%s not counted: %%s other step(s) ran '
                                  'beside it, and a crash is charged to a row running at two in a row); '
-                                 'reclaimed at start-up', g.step, g.attempt + 1, stale.crowd - 1) END,
+                                 'reclaimed at start-up', g.step, g.attempt, stale.crowd - 1) END,
         last_traceback = NULL,  -- no traceback: the attempt ended without an exception
         updated_at = now(),
         attempt_log = CASE WHEN g.attempt_log IS NULL OR NOT stale.counted THEN g.attempt_log

@@ -252,8 +252,9 @@ class Scheduler:
             logger.exception("could not hand back %d running steps of %s; their leases will", len(ids), self.queue)
             return 0
         if back:
-            logger.warning("queue %s: %d steps still running after DRAIN_TIMEOUT (%ss) handed back "
-                           "(runnable now, attempt counted)", self.queue, len(back), drain_timeout)
+            logger.warning("queue %s: %s still running after DRAIN_TIMEOUT (%ss) handed back "
+                           "(runnable now, attempt counted)", self.queue,
+                           "1 step" if len(back) == 1 else f"{len(back)} steps", drain_timeout)
             telemetry.emit("scheduler.abandoned", {"count": len(back)}, {"queue": self.queue})
         return len(back)
 

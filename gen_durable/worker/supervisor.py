@@ -367,9 +367,10 @@ class Supervisor:
                    else self._stop_reason or "asked to stop")
         running = sum(s.running for s in self.schedulers.values())
         buffered = sum(len(s.buffer) for s in self.schedulers.values())
-        logger.info("gen_durable worker %s stopping (%s): no new claims; %d buffered rows are released, "
-                    "%d running steps get up to %gs (DRAIN_TIMEOUT) to finish", self.token, why, buffered,
-                    running, self.s.DRAIN_TIMEOUT)
+        logger.info("gen_durable worker %s stopping (%s): no new claims; %s released, %s up to %gs "
+                    "(DRAIN_TIMEOUT) to finish", self.token, why,
+                    "1 buffered row is" if buffered == 1 else f"{buffered} buffered rows are",
+                    "1 running step gets" if running == 1 else f"{running} running steps get", self.s.DRAIN_TIMEOUT)
 
     def stop(self, deadline: float | None = None):
         """Drain and stop every role; hand back what still runs; leave the registry.

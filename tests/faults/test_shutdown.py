@@ -52,7 +52,7 @@ def test_sigterm_hands_back_steps_still_running_after_the_drain(committed, queue
             first.kill()
     rows = Instance.objects.filter(id__in=ids)
     assert {(r.status, r.attempt, r.locked_by) for r in rows} == {("runnable", 1, None)}
-    assert all("the worker shut down during step perform (attempt 1)" in r.last_error for r in rows)
+    assert all("the worker shut down during step perform (attempt 0)" in r.last_error for r in rows)
     text = (tmp_path / "first.log").read_text()
     # The drain is logged as it begins, with the signal that asked for it.
     assert "stopping (received SIGTERM): no new claims; 0 buffered rows are released, 2 running steps get " \

@@ -119,9 +119,9 @@ def test_a_killed_child_is_restarted_and_its_claims_come_back_at_once(committed,
     assert "reclaimed" in text
     for r in Instance.objects.filter(id__in=victims):
         if len(victims) == 1:  # the dead child's only row: it is charged
-            assert r.attempt == 1 and "the worker died during step perform (attempt 1)" in r.last_error
+            assert r.attempt == 1 and "the worker died during step perform (attempt 0)" in r.last_error
         else:  # several were running: none is known to have killed it (a kill -9 from outside)
-            assert r.attempt == 0 and "(attempt 1 not counted:" in r.last_error
+            assert r.attempt == 0 and "(attempt 0 not counted:" in r.last_error
 
 
 def test_children_drain_and_exit_when_their_parent_is_killed(committed, host, queue_name, tmp_path):

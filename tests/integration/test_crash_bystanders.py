@@ -34,7 +34,7 @@ def test_bystanders_are_not_charged_and_the_row_at_two_crashes_is(queue_name):
     assert sorted(reclaim(queue_name)) == sorted([culprit, *bystanders])
     got = rows([culprit, *bystanders])
     assert {r.attempt for r in got.values()} == {0}  # one crash, three suspects: nobody charged
-    assert all("attempt 1 not counted: 2 other step(s) ran beside it" in r.last_error for r in got.values())
+    assert all("attempt 0 not counted: 2 other step(s) ran beside it" in r.last_error for r in got.values())
     # The culprit runs again, beside a new row, and the process dies again.
     w2 = f"host-9:{queue_name}:222-b"
     Instance.objects.filter(id=culprit).update(status="executing", locked_by=w2,
@@ -53,4 +53,4 @@ def test_negative_control_a_lone_row_is_charged_at_its_first_crash(queue_name):
     reclaim(queue_name)
     row = Instance.objects.get(id=alone)
     assert row.attempt == 1 and row.last_error == \
-        "the worker died during step perform (attempt 1); reclaimed at start-up"
+        "the worker died during step perform (attempt 0); reclaimed at start-up"

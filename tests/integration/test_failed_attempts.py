@@ -54,6 +54,9 @@ def test_the_row_keeps_the_last_traceback_with_file_and_line(queue_name):
     assert tb.startswith("Traceback (most recent call last):")
     assert "tests/durable_app/durable.py\", line " in tb and "in _nested" in tb
     assert tb.endswith("RuntimeError: smtp down\n")
+    # Code reads it without the ORM: the Snapshot of get() and await_result() carries it.
+    assert gd.get(id_).last_traceback == tb
+    assert gd.await_result(id_, timeout=1).snapshot.last_traceback == tb
 
 
 def test_a_deep_traceback_is_cut_to_the_cap_keeping_head_and_innermost_frames(queue_name):

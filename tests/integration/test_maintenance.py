@@ -171,7 +171,7 @@ def test_reaped_row_records_that_its_worker_died_in_the_step(committed, queue_na
     assert maintenance.reap() == [row.id]
     r = Instance.objects.get(id=row.id)
     assert (r.status, r.attempt) == ("runnable", 1)
-    assert r.last_error == "the worker died or lost its lease during step perform (attempt 1)"
+    assert r.last_error == "the worker died or lost its lease during step perform (attempt 0)"
 
 
 def test_a_job_whose_worker_keeps_dying_fails_at_max_attempts_without_another_run(
