@@ -78,6 +78,7 @@ class OtelHandler:
         self._trace = trace
         self.traces, self.metrics = traces, metrics
         self.using = using  # alias(es) of the queue gauges: None, a str, or several (serve_databases)
+        self._own_using = using is not None  # installed for a database: rundurable leaves it there
         self._open: dict = {}  # instance id -> (span, context token) of its running step
         self._queues: set = set()  # queues whose schedulers run in this process
         if traces:
@@ -181,8 +182,9 @@ class OtelHandler:
         ones this process's workers serve, `rundurable --database`). With more than one,
         every point carries a `database` attribute beside `queue`. A handler installed with
         its own `using` keeps it."""
-        if self.using is None:
+        if not self._own_using:
             self.using = tuple(dict.fromkeys(aliases))
+            self._depth_cache = (0.0, {})  # the cached points are another database's
 
     def _aliases(self) -> tuple:
         from ..conf import database_alias
@@ -203,11 +205,21 @@ class OtelHandler:
 
         from ..queues import queue_depth
 
+        from ..worker.connections import bounded_call
+
         aliases = self._aliases()
         out = {}
+        # The SDK gives a collection 10 s: every database's statement, connect included,
+        # fits in GAUGE_BUDGET together, so a locked or silent one costs its own points only.
+        ends = time.monotonic() + GAUGE_BUDGET
         for alias in aliases:
+            left = ends - time.monotonic()
+            if left < GAUGE_MIN:
+                logger.warning("queue gauges of database %r skipped: the collection's %gs were spent on the "
+                               "others", alias, GAUGE_BUDGET)
+                continue
             try:
-                rows = queue_depth(sorted(self._queues), alias)
+                rows = bounded_call(alias, left, lambda: queue_depth(sorted(self._queues), alias), role="gauges")
             except Exception as exc:
                 logger.warning("queue gauges of database %r: %s", alias, exc)
                 rows = {}
@@ -230,6 +242,11 @@ class OtelHandler:
 
         return [Observation(lag, dict(attrs)) for attrs, (_n, lag) in self._depths().items()]
 
+
+# Seconds the queue gauges' statements of one collection may take, all databases together
+# (the SDK's callback timeout is 10 s), and the least left worth trying one more database.
+GAUGE_BUDGET = 5.0
+GAUGE_MIN = 0.5
 
 _installed: OtelHandler | None = None
 _lock = threading.Lock()

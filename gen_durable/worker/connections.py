@@ -26,6 +26,7 @@ CONN_MAX_AGE says for web requests (Scheduler releases it after STEP_IDLE_RELEAS
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import threading
@@ -113,6 +114,32 @@ def bind(role: str, using=None, *, statements: bool = True, relaxed_commit: bool
 
 def unbind():
     db.engine_thread.watch = None
+
+
+def bounded_call(using, seconds: float, fn, *, role: str = "gauges"):
+    """Return `fn()`, whose statements use this thread's connection for `using`, within
+    about `seconds`: the connection opens with the engine's TCP options and a
+    connect_timeout of `seconds` (libpq's floor: 2 s), and the watchdog cuts a statement
+    still unanswered at the deadline (a lock, a silent server). For an occasional
+    reader (the queue gauges' collecting thread): the connection is closed afterwards
+    and the thread's own settings and watch are put back. Raises what `fn` raises
+    (a cut statement: an OperationalError).
+    """
+    conn = db.connection(using)
+    saved_settings, saved_watch = conn.settings_dict, db.engine_thread.watch
+    bind(role, using, statements=True)
+    options = conn.settings_dict["OPTIONS"]
+    options["connect_timeout"] = max(2, math.ceil(seconds))
+    if not pooled():  # the server gives up too, instead of waiting out STATEMENT_TIMEOUT on a lock
+        options["options"] = f"{options.get('options', '')} -c statement_timeout={_ms(seconds)} " \
+                             f"-c lock_timeout={_ms(seconds)}".strip()
+    db.engine_thread.watch.until = time.monotonic() + seconds
+    try:
+        return fn()
+    finally:
+        conn.close()
+        conn.settings_dict = saved_settings
+        db.engine_thread.watch = saved_watch
 
 
 def local_settings(using=None) -> list:

@@ -211,6 +211,12 @@ class Scheduler:
         # Buffered next steps of inline chains were in flight too: released (back at
         # their committed step) or, if that failed, left to their lease.
         self.settle([j.id for j in buffered if getattr(j, "chain", None) is not None], completed=False)
+        waiting = len(self.in_flight)  # running, or ended and waiting for their outcome's commit
+        if released or waiting:
+            logger.info("queue %s: %s released; waiting up to %gs for %s", self.queue,
+                        "1 buffered row" if len(released) == 1 else f"{len(released)} buffered rows",
+                        round(drain_timeout, 1),
+                        "1 step in flight" if waiting == 1 else f"{waiting} steps in flight")
         deadline = time.monotonic() + drain_timeout
         while self.in_flight and time.monotonic() < deadline:
             time.sleep(0.01)

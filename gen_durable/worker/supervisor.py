@@ -340,8 +340,8 @@ class Supervisor:
             if waiting:
                 logger.warning("runnable rows wait in queues that neither this worker nor "
                                "GEN_DURABLE['QUEUES'] serves: %s (a misspelt queue= at insert? "
-                               "`manage.py check --database default` reports them as W006)",
-                               describe_stranded(waiting, QUEUE_SAMPLE_CAP))
+                               "`manage.py check --database %s` reports them as W006)",
+                               describe_stranded(waiting, QUEUE_SAMPLE_CAP), database_alias(self.using))
         except Exception as exc:  # visibility only
             logger.warning("could not check for rows that nothing will run: %s", exc)
 
@@ -354,23 +354,23 @@ class Supervisor:
         """Ask the worker to drain and stop (a signal handler: `signum` is the signal, if
         any; `reason`, else the signal, is logged by the run loop as the drain begins,
         since a handler must not write to the log itself)."""
-        if signum is not None and self._stop_signal is None:
+        if isinstance(signum, int) and self._stop_signal is None:
             self._stop_signal = signum
         if reason is not None and self._stop_reason is None:
             self._stop_reason = reason
         self._stop.set()
 
     def _log_stopping(self, why: str | None):
-        """One line as the drain begins: why, and what it waits for."""
-        if why is None:
-            why = (f"received {signal.Signals(self._stop_signal).name}" if self._stop_signal is not None
-                   else self._stop_reason or "asked to stop")
-        running = sum(s.running for s in self.schedulers.values())
-        buffered = sum(len(s.buffer) for s in self.schedulers.values())
-        logger.info("gen_durable worker %s stopping (%s): no new claims; %s released, %s up to %gs "
-                    "(DRAIN_TIMEOUT) to finish", self.token, why,
-                    "1 buffered row is" if buffered == 1 else f"{buffered} buffered rows are",
-                    "1 running step gets" if running == 1 else f"{running} running steps get", self.s.DRAIN_TIMEOUT)
+        """One line as the drain begins: why. What each queue releases and waits for is
+        counted by its scheduler once it has stopped taking rows (`Scheduler.stop`)."""
+        if why is None and self._stop_signal is not None:
+            try:
+                why = f"received {signal.Signals(self._stop_signal).name}"
+            except ValueError:
+                why = f"received signal {self._stop_signal}"
+        logger.info("gen_durable worker %s stopping (%s): no new claims; its buffered rows are released and "
+                    "its running steps get up to %gs (DRAIN_TIMEOUT) to finish", self.token,
+                    why or self._stop_reason or "asked to stop", self.s.DRAIN_TIMEOUT)
 
     def stop(self, deadline: float | None = None):
         """Drain and stop every role; hand back what still runs; leave the registry.

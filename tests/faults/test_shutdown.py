@@ -55,8 +55,10 @@ def test_sigterm_hands_back_steps_still_running_after_the_drain(committed, queue
     assert all("the worker shut down during step perform (attempt 0)" in r.last_error for r in rows)
     text = (tmp_path / "first.log").read_text()
     # The drain is logged as it begins, with the signal that asked for it.
-    assert "stopping (received SIGTERM): no new claims; 0 buffered rows are released, 2 running steps get " \
-           "up to 1s (DRAIN_TIMEOUT) to finish" in text, text[-3000:]
+    assert "stopping (received SIGTERM): no new claims; its buffered rows are released and its running " \
+           "steps get up to 1s (DRAIN_TIMEOUT) to finish" in text, text[-3000:]
+    # What the queue released and waits for, counted once it stopped taking rows.
+    assert f"queue {queue_name}: 0 buffered rows released; waiting up to 1s for 2 steps in flight" in text
     assert "2 steps still running after DRAIN_TIMEOUT" in text
     second = start_worker(queue_name, tmp_path, "second", **conf)
     try:

@@ -330,10 +330,52 @@ def test_rundurable_points_the_opentelemetry_gauges_at_the_databases_it_serves(
                      verbosity=0)
         gd.insert_all([gd.Spec(Counter, queue=queue_name) for _ in range(4)], using="other")  # a backlog there
         depth = {a["queue"]: p.value for a, p in _points(reader)["gen_durable.queue.depth"]}
+        # A second run in the same process, on the default database, moves them there.
+        gd.insert_all([gd.Spec(Counter, state={"target": 1}, queue=queue_name)], using="default")
+        call_command("rundurable", "--burst", "--database", "default", "--queue", f"{queue_name}=1", "--no-gc",
+                     verbosity=0)
+        gd.insert_all([gd.Spec(Counter, queue=queue_name) for _ in range(2)], using="default")
+        again = {a["queue"]: p.value for a, p in _points(reader)["gen_durable.queue.depth"]}
     finally:
         otel.uninstall()
         provider.shutdown()
     assert depth[queue_name] == 4
+    assert again[queue_name] == 2
+
+
+def test_a_locked_database_costs_only_its_own_gauges(two_databases, queue_name, monkeypatch, caplog):
+    """A collection reads every served database within GAUGE_BUDGET together: with
+    gen_durable locked on `other` (a REINDEX, a migration), the scrape still answers at
+    once with default's gauges and a warning. On main it waited for the lock: no
+    metric at all (the SDK gives a collection 10 s) for as long as the lock was held."""
+    import time
+
+    import psycopg
+
+    from gen_durable import telemetry
+    from gen_durable.integrations import otel, prometheus
+    from tests.integration.test_prometheus import free_port, scrape, value
+
+    monkeypatch.setattr(otel, "GAUGE_BUDGET", 1.5)
+    gd.insert_all([gd.Spec(Counter, queue=queue_name) for _ in range(3)], using="default")
+    params = connections["other"].get_connection_params()
+    locker = psycopg.connect(**{k: v for k, v in params.items() if k not in ("cursor_factory", "context")})
+    served = prometheus.serve_worker_metrics(free_port(), using=BOTH)
+    try:
+        locker.execute("LOCK TABLE gen_durable IN ACCESS EXCLUSIVE MODE")  # held until the rollback below
+        telemetry.emit("scheduler.saturation", {"in_flight": 0, "buffer": 0}, {"queue": queue_name})
+        started = time.monotonic()
+        with caplog.at_level("WARNING", "gen_durable"):
+            samples = scrape(served.url)
+        took = time.monotonic() - started
+    finally:
+        locker.rollback()
+        locker.close()
+        served.close()
+    assert took < 5, took
+    assert value(samples, "gen_durable_queue_depth", queue=queue_name, database="default") == 3
+    assert not [ls for ls, _ in samples.get("gen_durable_queue_depth", []) if ls.get("database") == "other"]
+    assert "queue gauges of database 'other'" in caplog.text
 
 
 def test_a_burst_that_leaves_rows_in_one_database_lets_the_others_finish(

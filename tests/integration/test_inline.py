@@ -195,37 +195,44 @@ def test_a_wave_of_inline_transitions_is_hot_at_the_tables_fillfactor(committed,
     are HOT updates. The negative control, the earlier 80, leaves room for a few
     (bench/results/history.md, round 10)."""
     n = 200
-    # A page is pruned of the claim's dead versions only when no other session of this
-    # database holds an older snapshot: a worker of an earlier test that is still leaving
-    # (a subprocess, a thread's connection) would make the flush's versions miss the page.
-    wait_until(lambda: _other_snapshots() == 0, what="no other session of the database holds a snapshot")
     with connection.cursor() as cur:
         cur.execute("SELECT reloptions FROM pg_class WHERE oid = 'gen_durable'::regclass")
         table_options = cur.fetchone()[0]
         if fillfactor is not None:  # committed (the table was just truncated); restored below
             cur.execute(f"ALTER TABLE gen_durable SET (fillfactor = {fillfactor})")
+    # A page is pruned of the claim's dead versions only when no other session of this
+    # database holds an older snapshot: a worker of an earlier test that is still leaving
+    # (a subprocess, a thread's connection), or one that takes a snapshot for a moment
+    # between the check and the flush, makes the flush's versions miss the page. So the
+    # wave runs up to three times, each on new rows: too little room on the pages (the
+    # control's fillfactor) fails every one, a passing snapshot only the one it met.
+    tries = []
     try:
-        gd.insert_all([gd.Spec(InlineChain, queue=queue_name, state={"pad": "x" * 40}) for _ in range(n)])
-        jobs = claims.pick(queue_name, n, WORKER, 60)
-        assert len(jobs) == n
-        entries = [executor.to_entry(Next("b", state={"k": j.id}), InlineChain, j, consumed=(), presented=(),
-                                     inline=True) for j in jobs]
-        with connection.cursor() as cur, transaction.atomic():  # the counter is this transaction's
-            cur.execute("SELECT pg_stat_get_xact_tuples_hot_updated('gen_durable'::regclass)")
-            before = cur.fetchone()[0]
-            result = flush(entries)
-            cur.execute("SELECT pg_stat_get_xact_tuples_hot_updated('gen_durable'::regclass)")
-            hot = cur.fetchone()[0] - before
+        for _ in range(3 if fillfactor is None else 1):
+            wait_until(lambda: _other_snapshots() == 0, what="no other session of the database holds a snapshot")
+            gd.insert_all([gd.Spec(InlineChain, queue=queue_name, state={"pad": "x" * 40}) for _ in range(n)])
+            jobs = claims.pick(queue_name, n, WORKER, 60)
+            assert len(jobs) == n
+            entries = [executor.to_entry(Next("b", state={"k": j.id}), InlineChain, j, consumed=(), presented=(),
+                                         inline=True) for j in jobs]
+            with connection.cursor() as cur, transaction.atomic():  # the counter is this transaction's
+                cur.execute("SELECT pg_stat_get_xact_tuples_hot_updated('gen_durable'::regclass)")
+                before = cur.fetchone()[0]
+                result = flush(entries)
+                cur.execute("SELECT pg_stat_get_xact_tuples_hot_updated('gen_durable'::regclass)")
+                tries.append(cur.fetchone()[0] - before)
+            assert len(result.committed) == n
+            if tries[-1] >= 0.9 * n:
+                break
     finally:
         if fillfactor is not None:
             with connection.cursor() as cur:
                 restore = dict(o.split("=", 1) for o in table_options)["fillfactor"]
                 cur.execute(f"ALTER TABLE gen_durable SET (fillfactor = {int(restore)})")
-    assert len(result.committed) == n
     if fillfactor is None:
-        assert hot >= 0.9 * n, f"{hot} of {n} inline transitions HOT"
+        assert max(tries) >= 0.9 * n, f"{tries} of {n} inline transitions HOT (each try)"
     else:
-        assert hot < 0.8 * n, f"{hot} of {n} HOT at fillfactor {fillfactor}"
+        assert tries[0] < 0.8 * n, f"{tries[0]} of {n} HOT at fillfactor {fillfactor}"
 
 
 def test_inline_flush_of_a_row_we_no_longer_own_commits_nothing(committed, queue_name):
