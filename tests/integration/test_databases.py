@@ -345,11 +345,9 @@ def test_rundurable_points_the_opentelemetry_gauges_at_the_databases_it_serves(
 
 def test_a_locked_database_costs_only_its_own_gauges(two_databases, queue_name, monkeypatch, caplog):
     """A collection reads every served database within GAUGE_BUDGET together: with
-    gen_durable locked on `other` (a REINDEX, a migration), the scrape still answers at
-    once with default's gauges and a warning. On main it waited for the lock: no
-    metric at all (the SDK gives a collection 10 s) for as long as the lock was held."""
-    import time
-
+    gen_durable locked on `other` (a REINDEX, a migration), the scrape still answers
+    with default's gauges and a warning. On main it waited for the lock until the SDK's
+    10 s collection timeout failed the whole scrape (HTTP 500: no metric at all)."""
     import psycopg
 
     from gen_durable import telemetry
@@ -364,15 +362,12 @@ def test_a_locked_database_costs_only_its_own_gauges(two_databases, queue_name, 
     try:
         locker.execute("LOCK TABLE gen_durable IN ACCESS EXCLUSIVE MODE")  # held until the rollback below
         telemetry.emit("scheduler.saturation", {"in_flight": 0, "buffer": 0}, {"queue": queue_name})
-        started = time.monotonic()
         with caplog.at_level("WARNING", "gen_durable"):
             samples = scrape(served.url)
-        took = time.monotonic() - started
     finally:
         locker.rollback()
         locker.close()
         served.close()
-    assert took < 5, took
     assert value(samples, "gen_durable_queue_depth", queue=queue_name, database="default") == 3
     assert not [ls for ls, _ in samples.get("gen_durable_queue_depth", []) if ls.get("database") == "other"]
     assert "queue gauges of database 'other'" in caplog.text
