@@ -201,10 +201,7 @@ class OtelHandler:
         now = time.monotonic()
         if now - at < 1.0 or not self._queues:
             return cached
-        from django.db import connections
-
         from ..queues import queue_depth
-
         from ..worker.connections import bounded_call
 
         aliases = self._aliases()
@@ -218,13 +215,11 @@ class OtelHandler:
                 logger.warning("queue gauges of database %r skipped: the collection's %gs were spent on the "
                                "others", alias, GAUGE_BUDGET)
                 continue
-            try:
+            try:  # on a short-lived connection of the SDK's collecting thread
                 rows = bounded_call(alias, left, lambda: queue_depth(sorted(self._queues), alias), role="gauges")
             except Exception as exc:
                 logger.warning("queue gauges of database %r: %s", alias, exc)
                 rows = {}
-            finally:
-                connections[alias].close()  # the SDK's collecting thread
             for queue, (runnable, _due, oldest, db_now) in rows.items():
                 lag = max((db_now - oldest).total_seconds(), 0.0) if oldest is not None and oldest <= db_now else 0.0
                 attributes = (("queue", queue),) + ((("database", alias),) if len(aliases) > 1 else ())

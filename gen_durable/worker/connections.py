@@ -66,23 +66,28 @@ def pooled() -> bool:
 
 
 def engine_options(role: str, *, base: dict, statements: bool, relaxed_commit: bool = False,
-                   tag: str | None = None) -> dict:
+                   tag: str | None = None, timeout: float | None = None) -> dict:
     """The OPTIONS of a connection for `role` (a copy of `base`, the alias's OPTIONS).
 
     `tag` (the worker's token) joins the application_name, so an operator can tell the
-    connections of one worker process from another's.
+    connections of one worker process from another's. `timeout` (seconds) replaces
+    LOCK_TIMEOUT and STATEMENT_TIMEOUT, and bounds the connect too (libpq's floor: 2 s).
     """
     s = get_settings()
+    lock_timeout = s.LOCK_TIMEOUT if timeout is None else timeout
+    statement_timeout = s.STATEMENT_TIMEOUT if timeout is None else timeout
     opts = dict(base or {})
     for key, value in TCP_OPTIONS.items():
         opts.setdefault(key, value)
+    if timeout is not None:
+        opts["connect_timeout"] = max(2, math.ceil(timeout))
     opts.setdefault("application_name", f"gen_durable {role}" + (f" {tag}" if tag else ""))
     if pooled():
         # A transaction pooler cannot carry prepared statements nor startup options.
         opts.pop("server_side_binding", None)
         opts["prepare_threshold"] = None
     elif statements:
-        extra = [f"-c lock_timeout={_ms(s.LOCK_TIMEOUT)}", f"-c statement_timeout={_ms(s.STATEMENT_TIMEOUT)}"]
+        extra = [f"-c lock_timeout={_ms(lock_timeout)}", f"-c statement_timeout={_ms(statement_timeout)}"]
         if relaxed_commit:
             extra.append("-c synchronous_commit=off")
         opts["options"] = " ".join(x for x in [opts.get("options"), *extra] if x)
@@ -90,12 +95,14 @@ def engine_options(role: str, *, base: dict, statements: bool, relaxed_commit: b
 
 
 def bind(role: str, using=None, *, statements: bool = True, relaxed_commit: bool = False,
-         persistent: bool = False, tag: str | None = None):
+         persistent: bool = False, tag: str | None = None, timeout: float | None = None):
     """Give this thread's connection for `using` the engine's options for `role`.
 
     `statements`: the thread runs engine statements (timeouts, client-side watch).
     `relaxed_commit`: its commits need not wait for the WAL flush (the feeder's claims).
     `persistent`: keep the connection open across uses whatever CONN_MAX_AGE says.
+    `timeout`: seconds that bound the connect and every statement (`engine_options`), the
+    watchdog's cut included, in place of STATEMENT_TIMEOUT.
     Returns the Django connection.
     """
     conn = db.connection(using)
@@ -103,12 +110,14 @@ def bind(role: str, using=None, *, statements: bool = True, relaxed_commit: bool
         conn.close()
     settings_dict = dict(conn.settings_dict)
     settings_dict["OPTIONS"] = engine_options(role, base=settings_dict.get("OPTIONS"), statements=statements,
-                                              relaxed_commit=relaxed_commit, tag=tag)
+                                              relaxed_commit=relaxed_commit, tag=tag, timeout=timeout)
     if persistent:
         settings_dict["CONN_MAX_AGE"] = None
     conn.settings_dict = settings_dict  # this thread's wrapper only; the alias's dict is untouched
     if statements:
         db.engine_thread.watch = Watch(role, relaxed_commit=relaxed_commit)
+        if timeout is not None:
+            db.engine_thread.watch.until = time.monotonic() + timeout
     return conn
 
 
@@ -127,13 +136,7 @@ def bounded_call(using, seconds: float, fn, *, role: str = "gauges"):
     """
     conn = db.connection(using)
     saved_settings, saved_watch = conn.settings_dict, db.engine_thread.watch
-    bind(role, using, statements=True)
-    options = conn.settings_dict["OPTIONS"]
-    options["connect_timeout"] = max(2, math.ceil(seconds))
-    if not pooled():  # the server gives up too, instead of waiting out STATEMENT_TIMEOUT on a lock
-        options["options"] = f"{options.get('options', '')} -c statement_timeout={_ms(seconds)} " \
-                             f"-c lock_timeout={_ms(seconds)}".strip()
-    db.engine_thread.watch.until = time.monotonic() + seconds
+    bind(role, using, statements=True, timeout=seconds)
     try:
         return fn()
     finally:

@@ -394,3 +394,22 @@ def test_a_burst_that_leaves_rows_in_one_database_lets_the_others_finish(
     assert set(Instance.objects.using("default").filter(queue=queue_name).values_list("status", flat=True)) \
         == {"runnable"}
     assert caplog.text.count("stopping (burst mode: done)") == 2, caplog.text[-3000:]
+
+
+def test_the_stranded_rows_warning_names_the_database_the_worker_serves(
+        two_databases, keep_signal_handlers, queue_name, caplog):  # noqa: F811
+    """A worker on `--database other` that finds rows in a queue nobody serves points at
+    `check --database other`, where W006 lists them (it said `default` whatever it served)."""
+    from tests.factories import InstanceFactory
+
+    gd.insert_all([gd.Spec(Counter, state={"target": 1}, queue=queue_name)], using="other")
+    InstanceFactory._meta.database = "other"
+    try:
+        InstanceFactory(fsm="tests.Counter", state={"target": 1}, queue=f"{queue_name}-misspelt")
+    finally:
+        InstanceFactory._meta.database = "default"
+    with caplog.at_level("INFO", "gen_durable"):
+        call_command("rundurable", "--burst", "--database", "other", "--queue", f"{queue_name}=1", "--no-gc",
+                     verbosity=1)
+    warning = next(r.getMessage() for r in caplog.records if "neither this worker nor" in r.getMessage())
+    assert f"{queue_name}-misspelt" in warning and "`manage.py check --database other`" in warning

@@ -253,9 +253,8 @@ class Command(BaseCommand):
                                 max_wait=max_wait, parent_pid=parent, using=alias,
                                 predecessors=tuple(int(p) for p in predecessors.split(",") if p))
                    for alias in aliases]
-        otel = sys.modules.get("gen_durable.integrations.otel")  # OPENTELEMETRY's handler, when on
-        if getattr(otel, "_installed", None) is not None:
-            otel._installed.serve_databases(aliases)  # its queue gauges: every served database
+        if (handler := self._otel_handler()) is not None:
+            handler.serve_databases(aliases)  # its queue gauges: every served database
         served = None
         if metrics_port is not None and child is None:
             served = self._serve_metrics(metrics_port, metrics_address, aliases, child)
@@ -435,10 +434,14 @@ class Command(BaseCommand):
         self.stderr.write(f"Warning: {message}")
 
     @staticmethod
-    def _otel_gauges() -> bool:
-        """Whether OPENTELEMETRY's handler observes the queue gauges in this process."""
+    def _otel_handler():
+        """OPENTELEMETRY's handler in this process, or None."""
         otel = sys.modules.get("gen_durable.integrations.otel")  # imported only when it is on
-        handler = getattr(otel, "_installed", None)
+        return getattr(otel, "_installed", None)
+
+    def _otel_gauges(self) -> bool:
+        """Whether OPENTELEMETRY's handler observes the queue gauges in this process."""
+        handler = self._otel_handler()
         return bool(handler is not None and handler.metrics)
 
     def _check_connection_budget(self, queues, processes, aliases=(None,), *, reaper, gc, gauges=False):
