@@ -32,6 +32,7 @@ from .flusher import Flusher
 from .listener import Listener
 from .maintenance import Periodic, make_gc_sweep, reaper_sweep
 from .scheduler import Scheduler
+from .stopping import StopRequest
 from .timers import Timer
 
 logger = logging.getLogger("gen_durable.worker")
@@ -145,7 +146,7 @@ class Supervisor:
         }
         for sched in self.schedulers.values():
             sched.on_deferred = self._poke_timer  # rows the limiter deferred come due on time
-        self._stop = threading.Event()
+        self._stop = StopRequest()  # set from signal handlers: no lock (worker/stopping.py)
         self._stop_signal = None  # the signal that asked this worker to stop (logged as it stops)
         self._stop_reason = None  # or why another part of the process asked it to
         self._roles = []
@@ -353,7 +354,7 @@ class Supervisor:
     def request_stop(self, signum=None, frame=None, *, reason=None):
         """Ask the worker to drain and stop (a signal handler: `signum` is the signal, if
         any; `reason`, else the signal, is logged by the run loop as the drain begins,
-        since a handler must not write to the log itself)."""
+        since a handler must not write to the log itself, nor take any lock)."""
         if isinstance(signum, int) and self._stop_signal is None:
             self._stop_signal = signum
         if reason is not None and self._stop_reason is None:
@@ -452,9 +453,7 @@ class Supervisor:
 
     def run(self, install_signals=True) -> int:
         """Run until SIGTERM/SIGINT (or, in burst mode, until idle); return the exit code."""
-        if install_signals:
-            signal.signal(signal.SIGTERM, self.request_stop)
-            signal.signal(signal.SIGINT, self.request_stop)
+        before = _install_stop_handlers(self.request_stop) if install_signals else None
         # The main thread's connection (registry, burst idle checks, the shutdown's
         # release / hand-back / unregister) gets what every role's has: keepalives,
         # tcp_user_timeout, server-side timeouts and the watchdog.
@@ -464,10 +463,12 @@ class Supervisor:
         try:
             return self._run()
         finally:
-            # A caller in-process (call_command) gets its thread's connection back as it was.
+            # A caller in-process (call_command) gets its thread's connection back as it
+            # was, and its signal handlers.
             main.close()
             main.settings_dict = own_settings
             connections.unbind()
+            _restore_handlers(before)
 
     def _run(self) -> int:
         self.start()
@@ -558,14 +559,27 @@ def run_several(configs: list[WorkerConfig]) -> int:
         if codes[i] and codes[i] != EXIT_LEFT_WORK:
             stop_all(reason=f"the worker for database {database_alias(sups[i].using)!r} stopped with an error")
 
-    signal.signal(signal.SIGTERM, stop_all)
-    signal.signal(signal.SIGINT, stop_all)
+    before = _install_stop_handlers(stop_all)
     threads = [threading.Thread(target=run, args=(i,), name=f"gd-db-{database_alias(s.using)}")
                for i, s in enumerate(sups)]
     for t in threads:
         t.start()
     # Join with a timeout: the main thread must stay able to take the signals.
-    while any(t.is_alive() for t in threads):
-        for t in threads:
-            t.join(0.2)
+    try:
+        while any(t.is_alive() for t in threads):
+            for t in threads:
+                t.join(0.2)
+    finally:
+        _restore_handlers(before)
     return next((c for c in codes if c and c != EXIT_LEFT_WORK), EXIT_LEFT_WORK if EXIT_LEFT_WORK in codes else 0)
+
+
+def _install_stop_handlers(handler) -> dict:
+    """SIGTERM and SIGINT call `handler` (which must take no lock); return the handlers
+    they had, for `_restore_handlers`."""
+    return {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+
+def _restore_handlers(before: dict | None):
+    for sig, handler in (before or {}).items():
+        signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
