@@ -24,6 +24,7 @@ checkout, `pip install "gen-durable[prometheus]"` from a package index.
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass
 
@@ -36,6 +37,7 @@ except ImportError as exc:  # a web process that lists the view without the extr
                       'prometheus extra (pip install -e "/path/to/gen_durable[prometheus]" from a checkout, '
                       'pip install "gen-durable[prometheus]" from a package index)') from exc
 
+from django.db import DatabaseError
 from django.views.decorators.csrf import csrf_exempt
 
 from .. import db, sql, telemetry
@@ -45,8 +47,13 @@ from ..queues import COUNT_CAP, configured_queues, queue_depth
 EXTRA_HINT = ('install the prometheus extra (pip install -e "/path/to/gen_durable[prometheus]" from a checkout, '
               'pip install "gen-durable[prometheus]" from a package index)')
 DEFAULT_ADDRESS = "127.0.0.1"
+logger = logging.getLogger("gen_durable.metrics")
 # The `window` label values of the completion gauges, in metrics_completions.sql's column order.
 WINDOWS = ("1m", "1h")
+# seconds: metrics_view cuts each of its statements after this long (a lock held by a
+# migration or REINDEX, a stalled server) and answers 503, inside Prometheus' default
+# 10 s scrape timeout, instead of holding the web worker until the lock goes.
+SCRAPE_STATEMENT_TIMEOUT = 5.0
 
 
 # --- 1. worker metrics ---------------------------------------------------------------
@@ -248,6 +255,33 @@ def metrics_view(request, using: str | None = None):
     registry = CollectorRegistry(auto_describe=False)
     registry.register(DurableCollector(alias))
     encoder, content_type = choose_encoder(request.META.get("HTTP_ACCEPT"))
-    response = HttpResponse(encoder(registry), content_type=content_type)
+    try:
+        body = _bounded(alias, lambda: encoder(registry))
+    except DatabaseError as exc:
+        reason = " ".join(str(exc).split())[:300] or type(exc).__name__
+        logger.warning("metrics_view: database %r did not answer (%s); the scrape gets a 503", alias, reason)
+        response = HttpResponse(f"gen_durable database {alias!r} did not answer: {reason}\n",
+                                status=503, content_type="text/plain")
+    else:
+        response = HttpResponse(body, content_type=content_type)
     response["Cache-Control"] = "no-store"
     return response
+
+
+def _bounded(alias: str, produce):
+    """Return `produce()`, whose statements run on `alias` in a transaction (a savepoint
+    inside the request's own, under ATOMIC_REQUESTS) with statement_timeout set to
+    SCRAPE_STATEMENT_TIMEOUT. Inside a request's transaction the previous timeout is put
+    back afterwards, since a released savepoint keeps a SET LOCAL. Raises DatabaseError
+    (a cut statement, a server that cannot be reached)."""
+    from django.db import connections, transaction
+
+    outer = connections[alias].in_atomic_block
+    with transaction.atomic(using=alias):
+        # The select list runs left to right: the old value is read before the new is set.
+        before, _ = db.fetchone("SELECT current_setting('statement_timeout'), set_config('statement_timeout', %s, true)",
+                                [f"{int(SCRAPE_STATEMENT_TIMEOUT * 1000)}ms"], alias)
+        result = produce()
+        if outer:
+            db.execute("SELECT set_config('statement_timeout', %s, true)", [before], alias)
+    return result

@@ -410,13 +410,66 @@ def test_the_view_reports_queue_gauges_completions_and_workers_from_the_database
 
 @pytest.mark.django_db
 def test_one_scrape_runs_six_statements_whatever_the_number_of_queues(client, queue_name):
-    counts = []
+    """Six reads, whatever the number of queues, and the timeout around them: set, then
+    put back (the test's transaction stands for ATOMIC_REQUESTS), in a savepoint."""
+    reads, bound = [], []
     for n in (1, 8):
         _seed([f"{queue_name}_{n}_{i}" for i in range(n)])
         with CaptureQueriesContext(connection) as ctx:
             assert client.get("/metrics/").status_code == 200
-        counts.append(len(ctx.captured_queries))
-    assert counts == [6, 6], counts
+        sqls = [q["sql"] for q in ctx.captured_queries]
+        bound.append([s for s in sqls if "statement_timeout" in s or "SAVEPOINT" in s])
+        reads.append(len(sqls) - len(bound[-1]))
+    assert reads == [6, 6], reads
+    assert [len(b) for b in bound] == [4, 4], bound  # SAVEPOINT, set, put back, RELEASE
+
+
+def _statement_timeout():
+    with connection.cursor() as cur:
+        cur.execute("SHOW statement_timeout")
+        return cur.fetchone()[0]
+
+
+@pytest.mark.django_db
+def test_a_scrape_inside_the_requests_transaction_leaves_its_statement_timeout_as_it_was(client):
+    """Under ATOMIC_REQUESTS (here: the test's transaction) the view's SET LOCAL would
+    outlive its released savepoint and cut the rest of the request's statements."""
+    with connection.cursor() as cur:
+        cur.execute("SET LOCAL statement_timeout = '7s'")
+    assert client.get("/metrics/").status_code == 200
+    assert _statement_timeout() == "7s"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_locked_table_gets_a_503_within_the_timeout_not_a_hung_request(monkeypatch, caplog):
+    """A LOCK TABLE held elsewhere (a migration, REINDEX): the scrape's statement is cut
+    after SCRAPE_STATEMENT_TIMEOUT and the view answers 503 naming the database, then
+    serves again once the lock is gone. Without the bound the request waits for the
+    lock as long as it is held."""
+    import threading
+
+    import psycopg
+
+    monkeypatch.setattr(prometheus, "SCRAPE_STATEMENT_TIMEOUT", 0.3)
+    params = connection.get_connection_params()
+    locker = psycopg.connect(**{k: v for k, v in params.items() if k not in ("cursor_factory", "context")})
+    answered = []
+    try:
+        locker.execute("LOCK TABLE gen_durable IN ACCESS EXCLUSIVE MODE")
+        scrape_thread = threading.Thread(target=lambda: answered.append(Client().get("/metrics/")), daemon=True)
+        with caplog.at_level("WARNING", "gen_durable"):
+            scrape_thread.start()
+            scrape_thread.join(30)  # the lock is held for as long as this waits
+    finally:
+        locker.rollback()
+        locker.close()
+    assert answered, "the scrape waited for the lock"
+    assert answered[0].status_code == 503
+    assert b"gen_durable database 'default' did not answer" in answered[0].content
+    assert b"statement timeout" in answered[0].content
+    assert "metrics_view: database 'default' did not answer" in caplog.text
+    assert Client().get("/metrics/").status_code == 200
+    assert _statement_timeout() == "0"  # the test connection's own setting, untouched
 
 
 @pytest.mark.django_db
