@@ -52,6 +52,8 @@ _IDLE_SQL = (
 )
 
 
+BURST_DONE = "burst mode: done"  # why a burst stops once nothing is left that it can run
+
 # `rundurable --burst` exit status when it stops leaving rows of its queues it could not
 # run (named in its last log line): distinct from 0 (all done) and 1 (an error).
 EXIT_LEFT_WORK = 3
@@ -361,17 +363,20 @@ class Supervisor:
             self._stop_reason = reason
         self._stop.set()
 
-    def _log_stopping(self, why: str | None):
-        """One line as the drain begins: why. What each queue releases and waits for is
-        counted by its scheduler once it has stopped taking rows (`Scheduler.stop`)."""
+    def _log_stopping(self, why: str | None) -> str:
+        """One line as the drain begins: why (returned). What each queue releases and
+        waits for is counted by its scheduler once it has stopped taking rows
+        (`Scheduler.stop`)."""
         if why is None and self._stop_signal is not None:
             try:
                 why = f"received {signal.Signals(self._stop_signal).name}"
             except ValueError:
                 why = f"received signal {self._stop_signal}"
+        why = why or self._stop_reason or "asked to stop"
         logger.info("gen_durable worker %s stopping (%s): no new claims; its buffered rows are released and "
-                    "its running steps get up to %gs (DRAIN_TIMEOUT) to finish", self.token,
-                    why or self._stop_reason or "asked to stop", self.s.DRAIN_TIMEOUT)
+                    "its running steps get up to %gs (DRAIN_TIMEOUT) to finish", self.token, why,
+                    self.s.DRAIN_TIMEOUT)
+        return why
 
     def stop(self, deadline: float | None = None):
         """Drain and stop every role; hand back what still runs; leave the registry.
@@ -433,16 +438,34 @@ class Supervisor:
         return [tuple(r) for r in db.fetchall(sql.BURST_LEFTOVERS, {"q": list(self.schedulers), "rates": rates},
                                               self.using)]
 
-    def log_leftovers(self) -> bool:
-        """Log what a burst leaves behind and why; True when it leaves anything."""
+    def log_leftovers(self, stopped: str | None = None) -> bool:
+        """Log what a burst leaves behind and why; True when it leaves anything.
+        `stopped`: why the burst was stopped before it was done (a signal): rows due now
+        were left because of it, not because it could not run them."""
         rows = self.leftovers()
         if not rows:
             return False
-        summary = "; ".join(f"queue {q}: {describe_rows(n, example)}: {LEFTOVER_WHY.get(why, why)}"
+        why_text = dict(LEFTOVER_WHY, runnable="due now: the worker was stopped first") if stopped else LEFTOVER_WHY
+        summary = "; ".join(f"queue {q}: {describe_rows(n, example)}: {why_text.get(why, why)}"
                             for q, why, n, example in rows)
-        logger.warning("burst mode: leaving rows this worker could not run: %s (exit status %d)",
-                       summary, EXIT_LEFT_WORK)
+        if stopped:
+            logger.warning("burst mode: stopped (%s) before its queues were done: leaving %s (exit status %d)",
+                           stopped, summary, EXIT_LEFT_WORK)
+        else:
+            logger.warning("burst mode: leaving rows this worker could not run: %s (exit status %d)",
+                           summary, EXIT_LEFT_WORK)
         return True
+
+    def _stopped_burst_code(self, why: str) -> int:
+        """The exit code of a burst stopped before it was done (SIGTERM, SIGINT, its
+        parent gone): EXIT_LEFT_WORK when rows of its queues remain — a script must not
+        read the stop as "all done" — or when what remains cannot be read; else 0."""
+        try:
+            return EXIT_LEFT_WORK if self.log_leftovers(stopped=why) else 0
+        except Exception as exc:
+            logger.warning("burst mode: stopped (%s) before its queues were done; could not read what it leaves "
+                           "(%s): exit status %d", why, exc, EXIT_LEFT_WORK)
+            return EXIT_LEFT_WORK
 
     def is_idle(self) -> bool:
         if any(not s.idle() for s in self.schedulers.values()):
@@ -512,16 +535,18 @@ class Supervisor:
                         self._warn_of_stranded_rows()  # what it leaves behind, if anything
                         if self.log_leftovers():
                             code = EXIT_LEFT_WORK
-                        why = "burst mode: done"
+                        why = BURST_DONE
                         break
                 except Exception as exc:
                     logger.warning("idle check failed: %s", exc)
                     db.connection(self.using).close()
-        self._log_stopping(why)
+        why = self._log_stopping(why)
         deadline = time.monotonic() + self.s.DRAIN_TIMEOUT + SHUTDOWN_GRACE
         guard = ShutdownGuard(deadline, self.token)
         self.stop(deadline)
         guard.cancel()
+        if self.config.burst and not code and why != BURST_DONE:
+            code = self._stopped_burst_code(why)
         return code
 
     def dead_threads(self) -> list[str]:
@@ -531,7 +556,7 @@ class Supervisor:
         return dead + [f"feeder {q}" for q, s in self.schedulers.items() if not s._thread.is_alive()]
 
 
-def run_several(configs: list[WorkerConfig]) -> int:
+def run_several(configs: list[WorkerConfig], prepare: dict | None = None) -> int:
     """Run one Supervisor per config (each on its own database, `config.using`) in this
     process until SIGTERM/SIGINT; return the first non-zero exit code, else 0.
 
@@ -542,6 +567,12 @@ def run_several(configs: list[WorkerConfig]) -> int:
     restarts all of it. In burst mode each stops once its own database is idle, and the
     call returns when all have: one that leaves rows it cannot run (EXIT_LEFT_WORK)
     stops only itself. The exit code is an error's (1) before EXIT_LEFT_WORK.
+
+    `prepare` (alias -> callable): what must happen, in that worker's thread, before the
+    worker of a database starts — `rundurable` waits there for a database that was down
+    at start-up, so that it holds up no other. Called with the worker's stop request
+    (`wait(seconds) -> bool`); it returns None for the worker to start, else the exit
+    code to end with instead (non-zero stops the others, as an error does).
     """
     sups = [Supervisor(c) for c in configs]
     codes: list = [None] * len(sups)
@@ -552,7 +583,10 @@ def run_several(configs: list[WorkerConfig]) -> int:
 
     def run(i):
         try:
-            codes[i] = sups[i].run(install_signals=False)
+            before = (prepare or {}).get(sups[i].using)
+            codes[i] = before(sups[i]._stop) if before is not None else None
+            if codes[i] is None:
+                codes[i] = sups[i].run(install_signals=False)
         except Exception:
             logger.exception("worker for database %r failed", database_alias(sups[i].using))
             codes[i] = 1

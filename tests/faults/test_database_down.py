@@ -3,6 +3,7 @@ starts itself: a worker started while it is down waits and starts when it comes 
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -157,3 +158,104 @@ def test_an_outage_logs_one_pick_failure_line_then_one_when_picks_succeed_again(
     assert len(failed) == 1 and "(1 in a row)" in failed[0], text[-3000:]
     (again,) = [line for line in text.splitlines() if "pick on queue calm succeeds again" in line]
     assert int(again.rsplit("after ", 1)[1].split()[0]) >= 5, again  # the failures were counted, not logged
+
+
+# --- several databases, one of them down -------------------------------------------------------
+
+def env_for_two(default, other):
+    """A worker's environment: alias "default" on cluster `default`, "other" on `other`."""
+    env = env_for(default)
+    env["GEN_DURABLE_TEST_OTHER_DB_OVERRIDE"] = json.dumps(other.db_override(DBNAME))
+    env.pop("GEN_DURABLE_TEST_OTHER_DB_NAME", None)
+    return env
+
+
+@pytest.fixture
+def second_cluster(own_cluster):
+    """A second OwnCluster (initdb'd, not started), destroyed at teardown."""
+    from tests.faults.cluster import OwnCluster
+
+    cluster = OwnCluster()
+    yield cluster
+    cluster.destroy()
+
+
+def prepare_two(default, other, *, migrate_other=True):
+    """Both clusters' databases created; "default" migrated, "other" too unless told not."""
+    default.start()
+    prepare(default)
+    other.start()
+    with other.connect() as c:
+        c.execute(f"CREATE DATABASE {DBNAME}")
+    if migrate_other:
+        done = subprocess.run(MANAGE + ["migrate", "--database", "other", "-v", "0"], cwd=ROOT,
+                              env=env_for_two(default, other), capture_output=True, text=True, timeout=180)
+        assert done.returncode == 0, done.stderr[-3000:]
+    other.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("processes", [1, 2])
+def test_one_database_down_at_start_up_does_not_hold_up_the_others(own_cluster, second_cluster, tmp_path,
+                                                                   processes):
+    """`rundurable --database default --database other` with "other" down: the worker of
+    "default" starts and runs its rows at once; "other"'s waits in the background and
+    serves its rows once it is up. (Before, start-up waited for every database: no row
+    of "default" ran while "other" was down.)"""
+    prepare_two(own_cluster, second_cluster)
+    log = tmp_path / "worker.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(MANAGE + ["rundurable", "--database", "default", "--database", "other",
+                                          "--processes", str(processes), "--queue", "boot=1", "--verbosity", "1"],
+                                cwd=ROOT, env=env_for_two(own_cluster, second_cluster), stdout=out,
+                                stderr=subprocess.STDOUT, text=True)
+    try:
+        first = insert_jobs(own_cluster, "boot", 2, {"log": str(tmp_path / "runs.log"), "sleep": 0})
+        wait_until(lambda: statuses(own_cluster, first) == dict.fromkeys(first, "done") or proc.poll() is not None,
+                   timeout=90, what="the rows of 'default' done while 'other' is down")
+        assert proc.poll() is None, log.read_text()[-3000:]
+        assert "database 'other' unavailable (attempt" in log.read_text()
+        second_cluster.start()
+        later = insert_jobs(second_cluster, "boot", 2, {"log": str(tmp_path / "runs.log"), "sleep": 0})
+        wait_until(lambda: statuses(second_cluster, later) == dict.fromkeys(later, "done") or proc.poll() is not None,
+                   timeout=120, what="the rows of 'other' done once it is up")
+        assert proc.poll() is None, log.read_text()[-3000:]
+        proc.terminate()
+        assert proc.wait(60) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = log.read_text()
+    assert "Traceback" not in text, text[-3000:]
+    assert "starting the workers of 'default'; 'other' is down: its worker starts once it is up" in text
+    started = re.findall(r"database 'other' is up after \d+ attempts: starting its worker", text)
+    assert len(started) == processes, text[-3000:]  # in each process
+
+
+@pytest.mark.slow
+def test_a_database_that_comes_up_unmigrated_stops_the_worker_with_the_fix(own_cluster, second_cluster, tmp_path):
+    """The migration check a database down at start-up missed runs once it is up: without
+    gen_durable's tables there, the worker stops, exit code 1, naming the database and
+    `migrate` (rather than failing every pick on it for ever)."""
+    prepare_two(own_cluster, second_cluster, migrate_other=False)
+    log = tmp_path / "worker.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(MANAGE + ["rundurable", "--database", "default", "--database", "other",
+                                          "--queue", "boot=1", "--verbosity", "1"],
+                                cwd=ROOT, env=env_for_two(own_cluster, second_cluster), stdout=out,
+                                stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_until(lambda: "database 'other' unavailable (attempt" in log.read_text() or proc.poll() is not None,
+                   timeout=60, what="the wait for 'other'")
+        assert proc.poll() is None, log.read_text()[-3000:]
+        second_cluster.start()
+        assert proc.wait(90) == 1, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = log.read_text()
+    assert ("database 'other' cannot be served: gen_durable's migrations are not applied on database 'other'"
+            in text), text[-3000:]
+    assert "run `python manage.py migrate` first" in text

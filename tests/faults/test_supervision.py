@@ -197,7 +197,7 @@ def test_a_forked_childs_exit_status_reaches_the_host(committed, queue_name, tmp
     assert done.returncode == 3, done.stderr[-3000:]
     # Said once, by the parent; each child's log line names what it left and why.
     assert done.stderr.count("rows were left that") == 1, done.stderr[-3000:]
-    assert "CommandError: burst: rows were left that the workers could not run" in done.stderr
+    assert "CommandError: burst: rows were left that the workers did not run" in done.stderr
     assert done.stderr.count("stopping (burst mode: done)") == 2, done.stderr[-3000:]
 
 

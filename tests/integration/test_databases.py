@@ -413,3 +413,29 @@ def test_the_stranded_rows_warning_names_the_database_the_worker_serves(
                      verbosity=1)
     warning = next(r.getMessage() for r in caplog.records if "neither this worker nor" in r.getMessage())
     assert f"{queue_name}-misspelt" in warning and "`manage.py check --database other`" in warning
+
+
+def test_a_worker_serving_only_other_starts_while_default_is_unreachable(two_databases, queue_name):
+    """`rundurable --database other` with 'default' down: Django's unapplied-migrations
+    note (which always reads 'default') costs a warning line, not the start-up — it
+    exited 1 with an OperationalError traceback before — and the rows of 'other' run."""
+    import json
+    import socket
+    import subprocess
+
+    from tests.integration.test_rundurable import MANAGE, ROOT, child_env
+
+    ids = gd.insert_all([gd.Spec(Counter, state={"target": 2}, queue=queue_name) for _ in range(3)], using="other")
+    with socket.socket() as s:  # a port nothing listens on: 'default' refuses connections
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    env = dict(child_env(), GEN_DURABLE_TEST_OTHER_DB_NAME=connections["other"].settings_dict["NAME"],
+               GEN_DURABLE_TEST_DB_OVERRIDE=json.dumps({"HOST": "127.0.0.1", "PORT": str(closed)}))
+    proc = subprocess.run(MANAGE + ["rundurable", "--burst", "--database", "other", "--queue", f"{queue_name}=2",
+                                    "--no-gc"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert ("could not read the migrations applied on database 'default' (connection failed" in proc.stderr
+            ), proc.stderr[-3000:]
+    rows = Instance.objects.using("other").filter(id__in=ids)
+    assert {(r.status, r.result["count"]) for r in rows} == {("done", 2)}

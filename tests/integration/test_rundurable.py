@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -179,6 +180,57 @@ def test_two_processes_in_burst_mode_exit_0_with_every_row_done(committed, queue
     assert set(Instance.objects.filter(id__in=ids).values_list("status", flat=True)) == {"done"}
     ended = [i for ran in steps(log, "end").values() for i in ran]
     assert sorted(ended) == sorted(ids)  # each step completed once
+
+
+def test_a_burst_stopped_by_sigterm_with_rows_left_exits_3_naming_them(committed, queue_name, tmp_path):
+    """SIGTERM stops a burst before its queue is done: it drains as any worker does, then
+    exits 3 with a line naming what it leaves — never 0, which a deploy script or a cron
+    job would read as "all done" (it exited 0 before)."""
+    log, hold = tmp_path / "steps.log", tmp_path / "hold"
+    hold.touch()  # the first step runs until the file is gone: the burst cannot finish
+    ids = gd.insert_all([gd.Spec(Recorder, state={"log": str(log), "hold": str(hold), "sleep": 60},
+                                 queue=queue_name) for _ in range(4)])
+    proc = subprocess.Popen(MANAGE + ["rundurable", "--burst", "--queue", f"{queue_name}=1", "--verbosity", "1"],
+                            cwd=ROOT, env=child_env(DRAIN_TIMEOUT=0.5), stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: sum(map(len, steps(log, "start").values())) == 1, timeout=60, what="a step running")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        hold.unlink()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 3, err[-3000:]
+    assert "burst mode: stopped (received SIGTERM) before its queues were done: leaving " in err, err[-3000:]
+    assert f"queue {queue_name}: 4 rows" in err and "due now: the worker was stopped first" in err, err[-3000:]
+    assert set(Instance.objects.filter(id__in=ids).values_list("status", flat=True)) == {"runnable"}
+
+
+def test_a_burst_whose_last_step_finishes_in_the_drain_exits_0(committed, queue_name, tmp_path):
+    """The negative control: SIGTERM while the burst's last step runs, and that step
+    finishes within DRAIN_TIMEOUT (its outcome commits in the drain): nothing is left, so
+    the stopped burst exits 0."""
+    log, hold = tmp_path / "steps.log", tmp_path / "hold"
+    hold.touch()
+    (id_,) = gd.insert_all([gd.Spec(Recorder, state={"log": str(log), "hold": str(hold), "sleep": 60},
+                                    queue=queue_name)])
+    proc = subprocess.Popen(MANAGE + ["rundurable", "--burst", "--queue", f"{queue_name}=1", "--verbosity", "1"],
+                            cwd=ROOT, env=child_env(DRAIN_TIMEOUT=30), stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: steps(log, "start"), timeout=60, what="the step running")
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)  # the worker takes the signal and starts its drain; the step still runs
+        hold.unlink()  # the step ends within the drain
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "stopping (received SIGTERM)" in err, err[-3000:]
+    assert proc.returncode == 0, err[-3000:]
+    assert "before its queues were done" not in err, err[-3000:]
+    assert Instance.objects.get(id=id_).status == "done"
 
 
 def steps(log, what):

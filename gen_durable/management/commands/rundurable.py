@@ -13,6 +13,7 @@ import threading
 import time
 
 from django.core.management.base import BaseCommand, CommandError
+from django.db import DEFAULT_DB_ALIAS
 
 from gen_durable.conf import get_settings
 from gen_durable.worker.supervisor import EXIT_LEFT_WORK
@@ -42,39 +43,97 @@ def _configure_logging(verbosity):
     logging.getLogger("gen_durable").setLevel(level)
 
 
-def wait_for_database(alias: str) -> int:
+def _connect_once(alias: str) -> str | None:
+    """Open a connection to `alias`: None when it opened, else why not (closed again).
+    CommandError when the server answers that the settings are wrong (PERMANENT)."""
+    from django.db import OperationalError, connections
+
+    conn = connections[alias]
+    try:
+        conn.ensure_connection()
+        return None
+    except OperationalError as exc:
+        conn.close()
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        if any(p in reason for p in PERMANENT):
+            raise CommandError(f"database {alias!r}: {reason[:300]} — not retrying: create the database "
+                               "(createdb, CREATE DATABASE) or fix DATABASES (NAME, USER, PASSWORD)") from None
+        return reason[:300]
+
+
+def wait_for_database(alias: str, stop=None, *, failed: int = 0) -> int | None:
     """Return once a connection to `alias` opens; until then retry with a capped back-off
-    (CONNECT_BACKOFF), one warning line per failed attempt. Returns the attempts made.
+    (CONNECT_BACKOFF), one warning line per failed attempt. Returns the attempts made, or
+    None when `stop` (a StopRequest, or anything with `wait(seconds) -> bool`) was set
+    while it waited. `failed`: attempts the caller made already (the first new one comes
+    after the back-off they earned). With `stop`, the caller says when it is up.
 
     Only a failure to connect is retried (the server is down, starting, refusing or
     unreachable); SIGTERM/SIGINT end the wait as they end the process. A server that
     answers that the database or role does not exist, or refuses the credentials,
     raises CommandError at once (exit code 1): the settings are wrong, not the server.
     """
-    from django.db import OperationalError, connections
-
     log = logging.getLogger("gen_durable.worker")
-    conn = connections[alias]
+    attempt, delay = failed, min(CONNECT_BACKOFF[0] * 2 ** max(failed - 1, 0), CONNECT_BACKOFF[1])
+    while True:
+        if attempt:
+            if stop is None:
+                time.sleep(delay)
+            elif stop.wait(delay):
+                return None
+            delay = min(delay * 2, CONNECT_BACKOFF[1])
+        attempt += 1
+        reason = _connect_once(alias)
+        if reason is None:
+            if attempt > 1 and stop is None:
+                log.info("database %r is up after %d attempts; starting", alias, attempt)
+            return attempt
+        log.warning("database %r unavailable (attempt %d: %s); retrying in %.1fs", alias, attempt, reason, delay)
+
+
+class Late(list):
+    """The aliases `wait_for_any_database` found down, and how many attempts it made."""
+
+    def __init__(self, aliases=(), attempts: int = 0):
+        super().__init__(aliases)
+        self.attempts = attempts
+
+
+def wait_for_any_database(aliases: list[str]) -> Late:
+    """Return once a connection to at least one of `aliases` opens: the aliases still
+    down then, in order (their workers wait for them in the background: `handle`).
+
+    One alias: `wait_for_database` (returns []). Several: every alias is tried each
+    round, one warning line per one that failed, rounds spaced by CONNECT_BACKOFF — one
+    server down must not keep the others' rows waiting. CommandError as for
+    `wait_for_database`, for any alias, on the first round it answers. `.attempts` of
+    the list: the rounds made (a late alias's wait goes on from there).
+    """
+    if len(aliases) == 1:
+        wait_for_database(aliases[0])
+        return Late()
+    log = logging.getLogger("gen_durable.worker")
     attempt, delay = 0, CONNECT_BACKOFF[0]
     while True:
         attempt += 1
-        try:
-            conn.ensure_connection()
-        except OperationalError as exc:
-            reason = " ".join(str(exc).split()) or type(exc).__name__
-            if any(p in reason for p in PERMANENT):
-                conn.close()
-                raise CommandError(f"database {alias!r}: {reason[:300]} — not retrying: create the database "
-                                   "(createdb, CREATE DATABASE) or fix DATABASES (NAME, USER, PASSWORD)") from None
-            log.warning("database %r unavailable (attempt %d: %s); retrying in %.1fs", alias, attempt,
-                        reason[:300], delay)
-            conn.close()
-            time.sleep(delay)
-            delay = min(delay * 2, CONNECT_BACKOFF[1])
-            continue
-        if attempt > 1:
-            log.info("database %r is up after %d attempts; starting", alias, attempt)
-        return attempt
+        down = []
+        for alias in aliases:
+            reason = _connect_once(alias)
+            if reason is not None:
+                down.append(alias)
+                log.warning("database %r unavailable (attempt %d: %s)%s", alias, attempt, reason,
+                            "" if len(down) < len(aliases) else f"; no database is up, retrying in {delay:.1f}s")
+        if len(down) < len(aliases):
+            if down:
+                one = len(down) == 1
+                log.warning("starting the workers of %s; %s %s down: %s worker starts once it is up (retrying "
+                            "in the background)", ", ".join(repr(a) for a in aliases if a not in down),
+                            ", ".join(map(repr, down)), "is" if one else "are", "its" if one else "each one's")
+            elif attempt > 1:
+                log.info("databases %s are up after %d attempts; starting", ", ".join(map(repr, aliases)), attempt)
+            return Late(down, attempt)
+        time.sleep(delay)
+        delay = min(delay * 2, CONNECT_BACKOFF[1])
 
 
 def queue_spec(value: str) -> tuple[str, int | None]:
@@ -157,8 +216,9 @@ class Command(BaseCommand):
                             help="Run what it can, then exit: 0 once no row of these queues is runnable or "
                                  f"executing; {EXIT_LEFT_WORK} when it leaves rows it cannot run (a paused "
                                  "queue, a machine this release does not know, an unconfigured rate limit, "
-                                 "or, past --max-wait, rows the limiter keeps deferring), each named with "
-                                 "its reason. Rows parked on a signal or children are not waited for.")
+                                 "or, past --max-wait, rows the limiter keeps deferring) or when stopped "
+                                 "(SIGTERM/SIGINT) with rows left, each named with its reason. Rows parked "
+                                 "on a signal or children are not waited for.")
         parser.add_argument("--max-wait", type=positive_float, default=None, metavar="SECONDS",
                             help="With --burst: stop once no step completed for this many seconds while rows "
                                  "remain (due later, deferred by the limiter, the limiter unreachable); "
@@ -179,10 +239,15 @@ class Command(BaseCommand):
         parser.add_argument("--predecessors", default="", help=argparse.SUPPRESS)
         # the supervising parent's pid (read before Django set up: it may be gone by then)
         parser.add_argument("--parent", type=int, default=None, help=argparse.SUPPRESS)
+        # aliases the supervising parent could not check (down when it started): a child
+        # runs their migration check once each is up
+        parser.add_argument("--unchecked", default="", help=argparse.SUPPRESS)
 
     def execute(self, *args, **options):
         """Wait for the database (capped back-off, one log line per attempt), then run the
-        system and migration checks and the workers as usual."""
+        system and migration checks and the workers as usual. With several --database
+        aliases, wait until one is up: the others' workers wait for theirs in the
+        background (`_late`)."""
         _configure_logging(options.get("verbosity", 1))
         if options.get("parent") is not None and not options.get("predecessors"):
             # A child of `--processes N`, first of its slot: its parent ran the system and
@@ -192,11 +257,31 @@ class Command(BaseCommand):
             options["skip_checks"] = True
             self.requires_migrations_checks = False
         self._wait_for_databases(options.get("database"))
+        if DEFAULT_DB_ALIAS in self._late and self.requires_migrations_checks:
+            # Django's own note on unapplied migrations reads 'default'; gen_durable's
+            # migrations on it are checked (and required) once it is up.
+            self.requires_migrations_checks = False
+            logging.getLogger("gen_durable.worker").info(
+                "database 'default' is down: Django's unapplied-migrations note is skipped")
         return super().execute(*args, **options)
 
+    def check_migrations(self):
+        """Django's note on unapplied migrations, which reads 'default' whatever --database
+        says: a 'default' that cannot be reached (a worker serving only other databases)
+        costs a warning line, not the start-up (gen_durable's own migrations are required
+        on every served database: `_require_migrations`)."""
+        from django.db import OperationalError
+
+        try:
+            super().check_migrations()
+        except OperationalError as exc:
+            logging.getLogger("gen_durable.worker").warning(
+                "could not read the migrations applied on database 'default' (%s); Django's unapplied-migrations "
+                "note is skipped", " ".join(str(exc).split())[:300])
+
     def _wait_for_databases(self, database):
-        for alias in self._aliases(database):
-            wait_for_database(alias)
+        """Wait until one of the served databases is up; `self._late`: those still down."""
+        self._late = wait_for_any_database(self._aliases(database))
 
     @staticmethod
     def _aliases(database) -> list[str]:
@@ -212,7 +297,7 @@ class Command(BaseCommand):
         return aliases
 
     def handle(self, *, queue, processes, no_reaper, no_gc, burst, child, predecessors, parent, verbosity,
-               database, max_wait=None, metrics_port=None, metrics_address=None, **options):
+               database, max_wait=None, metrics_port=None, metrics_address=None, unchecked="", **options):
         if max_wait is not None and not burst:
             raise CommandError("--max-wait needs --burst (a worker without it runs until stopped)")
         if metrics_address is not None and metrics_port is None:
@@ -226,15 +311,21 @@ class Command(BaseCommand):
         queues = dict(settings.QUEUES)
         if queue:
             queues = {name: (n or settings.QUEUES.get(name) or 10) for name, n in queue}
+        late = [a for a in getattr(self, "_late", ()) if a in aliases]  # down at start-up
+        # The start-up checks run on the databases that are up; one that is down is
+        # checked once it is up, by whichever process then starts its worker.
+        unchecked = late if child is None else [a for a in unchecked.split(",") if a in aliases]
+        checked = [a for a in aliases if a not in unchecked]
+        gauges = metrics_port is not None or self._otel_gauges()
         if child is None:
-            for alias in aliases:
+            for alias in checked:
                 self._require_migrations(alias)
             self._note_unserved_routes(aliases)
         if queue and child is None:
-            self._check_queues([name for name, _ in queue], burst, aliases)
+            self._check_queues([name for name, _ in queue], burst, checked)
         if child is None:
-            self._check_connection_budget(queues, processes, aliases, reaper=not no_reaper, gc=not no_gc,
-                                          gauges=metrics_port is not None or self._otel_gauges())
+            self._check_connection_budget(queues, processes, checked, reaper=not no_reaper, gc=not no_gc,
+                                          gauges=gauges)
         if processes > 1 and child is None:
             if metrics_port is not None:
                 log = logging.getLogger("gen_durable.worker")
@@ -243,7 +334,7 @@ class Command(BaseCommand):
             return self._supervise(processes, burst=burst, child_options=dict(
                 queue=queue, processes=processes, no_reaper=no_reaper, no_gc=no_gc, burst=burst,
                 verbosity=verbosity, database=database, max_wait=max_wait, metrics_port=metrics_port,
-                metrics_address=metrics_address, **options))
+                metrics_address=metrics_address, unchecked=",".join(unchecked), **options))
         from gen_durable.worker.supervisor import Supervisor, WorkerConfig, run_several
 
         # The reaper runs in every process: the others' rows depend on it, and a process
@@ -264,8 +355,14 @@ class Command(BaseCommand):
             # logs the error and runs on, binding again later (docs/observability.md).
             served = ChildMetrics(lambda: self._serve_metrics(metrics_port + child, metrics_address, aliases,
                                                               child), metrics_port + child, child)
+        # The workers of databases that were down start in their own threads once up.
+        failed = max(getattr(getattr(self, "_late", None), "attempts", 0), 1)
+        budget = dict(queues=queues, processes=processes, reaper=not no_reaper, gc=not no_gc, gauges=gauges)
+        prepare = {alias: self._late_start(alias, wait=failed if alias in late else 0, check=alias in unchecked,
+                                           budget=budget if child is None else None)
+                   for alias in aliases if alias in late or alias in unchecked}
         try:
-            code = Supervisor(configs[0]).run() if len(configs) == 1 else run_several(configs)
+            code = Supervisor(configs[0]).run() if len(configs) == 1 else run_several(configs, prepare)
         finally:
             if served is not None:
                 served.close()
@@ -274,10 +371,39 @@ class Command(BaseCommand):
                 # A child of --processes: the log line above says what was left, and its
                 # parent reports the exit status once for every child.
                 raise SystemExit(EXIT_LEFT_WORK)
-            raise CommandError("burst: rows were left that this worker could not run (see the log line above)",
+            raise CommandError("burst: rows were left that this worker did not run (see the log line above: why)",
                                returncode=EXIT_LEFT_WORK)
         if code:
             raise CommandError(f"worker exited with {code}")
+
+    def _late_start(self, alias: str, *, wait: int, check: bool, budget: dict | None):
+        """The start of the worker of database `alias`, which was down when this process
+        started (or its parent did): run in that worker's thread (`run_several`), it
+        waits until a connection opens (`wait`: stoppable), runs the start-up checks the
+        others had (`check`: migrations; `budget`: the connection budget, counted for
+        this alias alone) and returns None for the worker to start; 0 if the worker was
+        asked to stop meanwhile, 1 after logging a check that failed (which stops every
+        worker of this process: the settings or the schema are wrong)."""
+
+        def start(stop):
+            log = logging.getLogger("gen_durable.worker")
+            try:
+                attempts = wait_for_database(alias, stop=stop, failed=wait) if wait else None
+                if wait and attempts is None:
+                    log.info("database %r: asked to stop before it came up; its worker never started", alias)
+                    return 0
+                if check:
+                    self._require_migrations(alias)
+                if budget is not None:
+                    self._check_connection_budget(aliases=[alias], **budget)
+            except CommandError as exc:
+                log.error("database %r cannot be served: %s", alias, exc)
+                return 1
+            log.info("database %r is up%s: starting its worker", alias,
+                     f" after {attempts} attempts" if attempts else "")
+            return None
+
+        return start
 
     def _fork_child(self, i: int, options: dict) -> ForkedChild | None:
         """Fork child `i` of `--processes N`: it runs `handle(child=i, parent=<this pid>)`
@@ -522,6 +648,8 @@ class Command(BaseCommand):
             forked = None
             if not slot["dead"] and child_options is not None and _can_fork():
                 forked = self._fork_child(i, child_options)
+            if child_options and child_options.get("unchecked"):
+                extra.append(f"--unchecked={child_options['unchecked']}")
             slot["proc"] = forked or subprocess.Popen([sys.executable] + base + [f"--child={i}",
                                                                                  f"--parent={os.getpid()}"] + extra)
             log.info("child %d is process %d (%s)", i, slot["proc"].pid,
@@ -591,7 +719,7 @@ class Command(BaseCommand):
         if bad:
             raise CommandError(f"{len(bad)} worker process(es) exited non-zero: {codes}")
         if EXIT_LEFT_WORK in codes:
-            raise CommandError("burst: rows were left that the workers could not run (see the log)",
+            raise CommandError("burst: rows were left that the workers did not run (see the log: why)",
                                returncode=EXIT_LEFT_WORK)
 
 
