@@ -5,7 +5,7 @@ One import path on both framework versions: `django.tasks` (Django >= 6.0) and t
 "gen-durable[tasks]"`).
 
     TASKS = {"default": {"BACKEND": "gen_durable.tasks.GenDurableBackend",
-                         "QUEUES": ["default", "email"],          # each one in GEN_DURABLE["QUEUES"]
+                         "QUEUES": ["default", "email"],          # each in GEN_DURABLE["QUEUES"] or EXTRA_QUEUES
                          "OPTIONS": {"MAX_ATTEMPTS": 5}}}        # BACKOFF: f(attempt) -> seconds
 
 A task is a gen_durable instance: its machine (`fsm`) is the task function's path, its
@@ -20,6 +20,7 @@ smaller runs sooner), which keeps the order. Each finished attempt appends a rec
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import inspect
 import threading
 from importlib.util import find_spec
@@ -221,7 +222,8 @@ class GenDurableBackend(BaseTaskBackend):
     """Django Tasks backend on gen_durable (see the module docstring and docs/tasks.md).
 
     Params: QUEUES (the queue names tasks may use; each must also be a key of
-    GEN_DURABLE["QUEUES"], which is what `rundurable` runs), OPTIONS: MAX_ATTEMPTS
+    GEN_DURABLE["QUEUES"], which is what `rundurable` runs, or match
+    GEN_DURABLE["EXTRA_QUEUES"]: `served_queue`), OPTIONS: MAX_ATTEMPTS
     (int >= 1, default 1) and BACKOFF (a callable or its dotted path, `f(attempt) ->
     seconds` after failed attempt `attempt` counted from 1; default min(2 ** (attempt -
     1), 300) with jitter) and DATABASE (the alias of Django's DATABASES its tasks are
@@ -308,10 +310,10 @@ class GenDurableBackend(BaseTaskBackend):
         Raises InvalidTask. Registers the task's machine on success.
         """
         super().validate_task(task)
-        configured = get_settings().QUEUES
-        if task.queue_name not in configured:
+        if not served_queue(task.queue_name):
             raise InvalidTask(f"Task {task.module_path}: queue {task.queue_name!r} is not in GEN_DURABLE['QUEUES'] "
-                              f"({sorted(configured)}): no gen_durable worker would run it")
+                              f"({sorted(get_settings().QUEUES)}) nor GEN_DURABLE['EXTRA_QUEUES']: no gen_durable "
+                              "worker would run it")
         machine_for(task, self.max_attempts)
 
     def retry_delay(self, attempt: int) -> float:
@@ -478,15 +480,27 @@ def check_task_imports(app_configs=None, **kwargs):
                          id="gen_durable.E100") for module, message in IMPORT_ERRORS]
 
 
+def served_queue(name: str) -> bool:
+    """Whether a task may go to queue `name`: a key of GEN_DURABLE['QUEUES'] (what this
+    deployment's `rundurable` runs) or an entry of GEN_DURABLE['EXTRA_QUEUES'] (a name or
+    fnmatch pattern: queues other deployments' workers run) — the queues `gd.insert`
+    accepts, less the registered machines' own (a task's machine is made for it)."""
+    s = get_settings()
+    if isinstance(s.QUEUES, dict) and name in s.QUEUES:
+        return True
+    extra = s.EXTRA_QUEUES if isinstance(s.EXTRA_QUEUES, (list, tuple, set, frozenset)) else ()
+    return any(isinstance(e, str) and e and fnmatch.fnmatchcase(name, e) for e in extra)
+
+
 @checks.register
 def check_task_backends(app_configs=None, **kwargs):
     """System checks of every TASKS alias that uses a GenDurableBackend (on both framework versions).
 
     gen_durable.E060: its OPTIONS or keys are invalid (InvalidTaskBackend's message).
-    gen_durable.E061: one of its QUEUES is not in GEN_DURABLE["QUEUES"] (no worker would run it).
+    gen_durable.E061: one of its QUEUES is neither in GEN_DURABLE["QUEUES"] nor matched by
+    GEN_DURABLE["EXTRA_QUEUES"] (no worker would run it).
     """
     errors = []
-    configured = get_settings().QUEUES
     tasks_setting = getattr(django_settings, "TASKS", None)
     for alias, params in (tasks_setting.items() if isinstance(tasks_setting, dict) else ()):
         path = params.get("BACKEND") if isinstance(params, dict) else None
@@ -503,11 +517,12 @@ def check_task_backends(app_configs=None, **kwargs):
             errors.append(checks.Error(str(exc), hint="See docs/tasks.md for the backend's keys and OPTIONS.",
                                        id="gen_durable.E060"))
             continue
-        missing = sorted(q for q in backend.queues if q not in configured)
+        missing = sorted(q for q in backend.queues if not served_queue(q))
         if missing:
             errors.append(checks.Error(
-                f"TASKS[{alias!r}]['QUEUES'] names {missing}, which GEN_DURABLE['QUEUES'] lacks: "
-                "tasks there would be rejected, and no worker would run them.",
-                hint="Add them to GEN_DURABLE['QUEUES'] (queue -> concurrency) or remove them from TASKS.",
+                f"TASKS[{alias!r}]['QUEUES'] names {missing}, which neither GEN_DURABLE['QUEUES'] nor "
+                "GEN_DURABLE['EXTRA_QUEUES'] has: tasks there would be rejected, and no worker would run them.",
+                hint="Add them to GEN_DURABLE['QUEUES'] (queue -> concurrency), or to EXTRA_QUEUES when another "
+                     "deployment's workers run them, or remove them from TASKS.",
                 id="gen_durable.E061"))
     return errors

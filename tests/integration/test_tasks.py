@@ -213,6 +213,23 @@ def test_unknown_queues_and_bad_tasks_are_invalid():
     assert Instance.objects.count() == 0
 
 
+def test_a_queue_another_deployment_runs_is_accepted_through_extra_queues():
+    """A task may go to a queue this deployment does not run but GEN_DURABLE['EXTRA_QUEUES']
+    declares (another fleet's `rundurable --queue remote-eu`), as `gd.insert` accepts it;
+    without the entry E061 and InvalidTask name both settings."""
+    remote = {"BACKEND": "gen_durable.tasks.GenDurableBackend", "QUEUES": ["remote-eu"]}
+    declared = {**settings.GEN_DURABLE, "EXTRA_QUEUES": [*settings.GEN_DURABLE["EXTRA_QUEUES"], "remote-*"]}
+    with override_settings(GEN_DURABLE=declared, TASKS={**settings.TASKS, "remote": remote}):
+        assert not [e for e in run_checks() if e.id == "gen_durable.E061"]
+        result = t.add.using(backend="remote", queue_name="remote-eu").enqueue(1, 2)
+        assert Instance.objects.get(id=int(result.id)).queue == "remote-eu"
+    with override_settings(TASKS={**settings.TASKS, "remote": remote}):
+        found = [e.msg for e in run_checks() if e.id == "gen_durable.E061"]
+        assert len(found) == 1 and "['remote-eu']" in found[0] and "EXTRA_QUEUES" in found[0], found
+        with pytest.raises(InvalidTask, match=r"is not in GEN_DURABLE\['QUEUES'\].*nor GEN_DURABLE\['EXTRA_QUEUES'\]"):
+            t.add.using(backend="remote", queue_name="remote-eu")
+
+
 def test_non_json_arguments_are_rejected_and_nothing_is_stored():
     with pytest.raises(TypeError):
         t.add.enqueue(object(), 1)
