@@ -358,8 +358,8 @@ class Command(BaseCommand):
         # The workers of databases that were down start in their own threads once up.
         failed = max(getattr(getattr(self, "_late", None), "attempts", 0), 1)
         budget = dict(queues=queues, processes=processes, reaper=not no_reaper, gc=not no_gc, gauges=gauges)
-        prepare = {alias: self._late_start(alias, wait=failed if alias in late else 0, check=alias in unchecked,
-                                           budget=budget if child is None else None)
+        prepare = {alias: self._late_start(alias, wait=failed if alias in late else 0,
+                                           check=budget if alias in unchecked else None)
                    for alias in aliases if alias in late or alias in unchecked}
         try:
             code = Supervisor(configs[0]).run() if len(configs) == 1 else run_several(configs, prepare)
@@ -376,14 +376,16 @@ class Command(BaseCommand):
         if code:
             raise CommandError(f"worker exited with {code}")
 
-    def _late_start(self, alias: str, *, wait: int, check: bool, budget: dict | None):
+    def _late_start(self, alias: str, *, wait: int, check: dict | None):
         """The start of the worker of database `alias`, which was down when this process
         started (or its parent did): run in that worker's thread (`run_several`), it
-        waits until a connection opens (`wait`: stoppable), runs the start-up checks the
-        others had (`check`: migrations; `budget`: the connection budget, counted for
-        this alias alone) and returns None for the worker to start; 0 if the worker was
-        asked to stop meanwhile, 1 after logging a check that failed (which stops every
-        worker of this process: the settings or the schema are wrong)."""
+        waits until a connection opens (`wait`: the attempts made already; 0: none
+        needed; stoppable), runs the start-up checks the others had (`check`: the
+        connection budget's arguments — gen_durable's migrations, then the budget,
+        counted for this alias alone, --processes included) and returns None for the
+        worker to start; 0 if the worker was asked to stop meanwhile, 1 after logging a
+        check that failed (which stops every worker of this process: the settings or the
+        schema are wrong)."""
 
         def start(stop):
             log = logging.getLogger("gen_durable.worker")
@@ -392,10 +394,9 @@ class Command(BaseCommand):
                 if wait and attempts is None:
                     log.info("database %r: asked to stop before it came up; its worker never started", alias)
                     return 0
-                if check:
+                if check is not None:
                     self._require_migrations(alias)
-                if budget is not None:
-                    self._check_connection_budget(aliases=[alias], **budget)
+                    self._check_connection_budget(aliases=[alias], **check)
             except CommandError as exc:
                 log.error("database %r cannot be served: %s", alias, exc)
                 return 1
