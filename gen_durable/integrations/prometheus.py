@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
 
 try:
@@ -50,10 +51,11 @@ DEFAULT_ADDRESS = "127.0.0.1"
 logger = logging.getLogger("gen_durable.metrics")
 # The `window` label values of the completion gauges, in metrics_completions.sql's column order.
 WINDOWS = ("1m", "1h")
-# seconds: metrics_view cuts each of its statements after this long (a lock held by a
-# migration or REINDEX, a stalled server) and answers 503, inside Prometheus' default
-# 10 s scrape timeout, instead of holding the web worker until the lock goes.
-SCRAPE_STATEMENT_TIMEOUT = 5.0
+# seconds: what the statements of one metrics_view scrape get together. A lock held by a
+# migration or REINDEX, a stalled or slow server: the statement running when they are
+# spent is cut and the view answers 503, inside Prometheus' default 10 s scrape timeout,
+# instead of holding the web worker until the lock goes.
+SCRAPE_TIMEOUT = 5.0
 
 
 # --- 1. worker metrics ---------------------------------------------------------------
@@ -270,18 +272,39 @@ def metrics_view(request, using: str | None = None):
 
 def _bounded(alias: str, produce):
     """Return `produce()`, whose statements run on `alias` in a transaction (a savepoint
-    inside the request's own, under ATOMIC_REQUESTS) with statement_timeout set to
-    SCRAPE_STATEMENT_TIMEOUT. Inside a request's transaction the previous timeout is put
-    back afterwards, since a released savepoint keeps a SET LOCAL. Raises DatabaseError
-    (a cut statement, a server that cannot be reached)."""
+    inside the request's own, under ATOMIC_REQUESTS) and share SCRAPE_TIMEOUT seconds:
+    each runs with statement_timeout set to what is left (`_ScrapeBudget`). Inside a
+    request's transaction the previous timeout is put back afterwards, since a released
+    savepoint keeps a SET LOCAL. Raises DatabaseError (a cut statement, the budget spent,
+    a server that cannot be reached)."""
     from django.db import connections, transaction
 
     outer = connections[alias].in_atomic_block
     with transaction.atomic(using=alias):
-        # The select list runs left to right: the old value is read before the new is set.
-        before, _ = db.fetchone("SELECT current_setting('statement_timeout'), set_config('statement_timeout', %s, true)",
-                                [f"{int(SCRAPE_STATEMENT_TIMEOUT * 1000)}ms"], alias)
-        result = produce()
+        (before,) = db.fetchone("SELECT current_setting('statement_timeout')", None, alias)
+        with connections[alias].execute_wrapper(_ScrapeBudget(SCRAPE_TIMEOUT)):
+            result = produce()
         if outer:
             db.execute("SELECT set_config('statement_timeout', %s, true)", [before], alias)
     return result
+
+
+class _ScrapeBudget:
+    """A Django execute wrapper: before each statement, statement_timeout (SET LOCAL)
+    becomes the seconds left until the deadline; past it, OperationalError, no statement.
+    One extra round trip per statement (six per scrape), so that six slow statements
+    cannot take six timeouts."""
+
+    def __init__(self, seconds: float):
+        self.seconds, self.deadline = seconds, time.monotonic() + seconds
+
+    def __call__(self, execute, sql, params, many, context):
+        from django.db import OperationalError
+
+        left = self.deadline - time.monotonic()
+        if left < 0.001:
+            raise OperationalError(f"the scrape's {self.seconds:g} s for its statements were spent")
+        # The driver's own cursor: through Django's it would come back to this wrapper.
+        context["cursor"].cursor.execute("SELECT set_config('statement_timeout', %s, true)",
+                                         [f"{max(int(left * 1000), 1)}ms"])
+        return execute(sql, params, many, context)

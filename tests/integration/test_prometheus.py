@@ -443,14 +443,14 @@ def test_a_scrape_inside_the_requests_transaction_leaves_its_statement_timeout_a
 @pytest.mark.django_db(transaction=True)
 def test_a_locked_table_gets_a_503_within_the_timeout_not_a_hung_request(monkeypatch, caplog):
     """A LOCK TABLE held elsewhere (a migration, REINDEX): the scrape's statement is cut
-    after SCRAPE_STATEMENT_TIMEOUT and the view answers 503 naming the database, then
+    after SCRAPE_TIMEOUT and the view answers 503 naming the database, then
     serves again once the lock is gone. Without the bound the request waits for the
     lock as long as it is held."""
     import threading
 
     import psycopg
 
-    monkeypatch.setattr(prometheus, "SCRAPE_STATEMENT_TIMEOUT", 0.3)
+    monkeypatch.setattr(prometheus, "SCRAPE_TIMEOUT", 0.3)
     params = connection.get_connection_params()
     locker = psycopg.connect(**{k: v for k, v in params.items() if k not in ("cursor_factory", "context")})
     answered = []
@@ -470,6 +470,33 @@ def test_a_locked_table_gets_a_503_within_the_timeout_not_a_hung_request(monkeyp
     assert "metrics_view: database 'default' did not answer" in caplog.text
     assert Client().get("/metrics/").status_code == 200
     assert _statement_timeout() == "0"  # the test connection's own setting, untouched
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_server_slow_on_every_statement_gets_a_503_within_the_scrapes_budget(monkeypatch, caplog):
+    """The statements of one scrape share SCRAPE_TIMEOUT: a server that takes 0.25 s
+    before each of them (pg_sleep, run ahead of every statement of the view) is not
+    given six timeouts. With 0.6 s for the scrape the third statement finds the budget
+    spent (or is cut), and the view answers 503; one timeout per statement would let all
+    six through (200, after about 1.5 s)."""
+    from django.db import connections
+
+    monkeypatch.setattr(prometheus, "SCRAPE_TIMEOUT", 0.6)
+    slow_before = []
+
+    def slow_server(execute, sql, params, many, context):
+        with context["connection"].wrap_database_errors:  # as Django reports a statement's error
+            context["cursor"].cursor.execute("SELECT pg_sleep(0.25)")
+        slow_before.append(sql)
+        return execute(sql, params, many, context)
+
+    with connections["default"].execute_wrapper(slow_server), caplog.at_level("WARNING", "gen_durable"):
+        answered = Client().get("/metrics/")
+    assert answered.status_code == 503, answered.content[:500]
+    assert b"gen_durable database 'default' did not answer" in answered.content
+    assert b"were spent" in answered.content or b"statement timeout" in answered.content, answered.content
+    assert 2 <= len(slow_before) < 6, slow_before  # stopped part-way through the six statements
+    assert Client().get("/metrics/").status_code == 200
 
 
 @pytest.mark.django_db
