@@ -16,6 +16,7 @@ from .exceptions import (
     NoTarget,
     NotMigrated,
     NotRetryable,
+    RoutedOutsideTransactionWarning,
     SerializationError,
     StepTimeout,
     TransactionLeftOpen,
@@ -29,7 +30,7 @@ from .producer import Producer, flush_async, insert_async
 
 __all__ = [
     "Await", "Cancel", "Child", "Context", "Done", "DuplicateInstance", "Error", "GenDurableError",
-    "InvalidInput", "InvalidOutcome", "Job", "Machine", "Next", "NoTarget", "NotMigrated", "NotRetryable", "Retry",
+    "InvalidInput", "InvalidOutcome", "Job", "Machine", "Next", "NoTarget", "NotMigrated", "NotRetryable", "Retry", "RoutedOutsideTransactionWarning",
     "ScheduleChildren", "SerializationError", "Spec", "StepTimeout", "Stop", "TransactionLeftOpen", "UncommittedInstance", "UnknownMachine",
     "Result", "Snapshot", "aawait_result", "acancel", "aget", "ainsert", "ainsert_all", "asignal",
     "await_result", "cancel", "get", "insert", "insert_all", "job", "signal", "step",

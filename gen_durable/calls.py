@@ -1,26 +1,32 @@
 """The public calls: insert, insert_all (+ async twins) and friends (docs/guide.md).
 
-Each blocking call runs on Django's connection for `using` (default
-GEN_DURABLE['DATABASE']) and so takes part in the caller's `transaction.atomic()`.
+Each blocking call runs on Django's connection for `using` (default: where
+GEN_DURABLE['DATABASES'] routes it, else GEN_DURABLE['DATABASE']) and so takes part in
+the caller's `transaction.atomic()` on that alias.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import os
+import sys
+import warnings
 from dataclasses import dataclass
 
 from asgiref.sync import sync_to_async
+from django.db import connections
 
 from . import db, registry, sql
 from .codec import encode_state
 from .conf import database_alias, get_settings, routed_alias
 from .codec import encode
-from .exceptions import DuplicateInstance, InvalidInput, NoTarget
+from .exceptions import DuplicateInstance, InvalidInput, NoTarget, RoutedOutsideTransactionWarning
 from .limiter.config import get_limits
 from .statuses import LIVE_STATUSES, Status
 from .outcomes import Spec, key_string, reason_text, seconds, text, weight_value
 
 SMALLINT = (-32768, 32767)
+_PACKAGE_DIR = os.path.dirname(__file__) + os.sep
 STATUSES = frozenset(Status.values)
 
 
@@ -209,7 +215,9 @@ def insert(machine, *, state=None, args=None, step=None, queue=None, priority=0,
             closest declared name. A refused call writes nothing.
         SerializationError: state is not JSON or exceeds MAX_PAYLOAD_BYTES.
         UnknownMachine: an unregistered machine name.
-    Inside `transaction.atomic()` the row and its wake-up become visible on commit.
+    Inside `transaction.atomic()` on the alias the row goes to, the row and its wake-up
+    become visible on commit. A row routed by GEN_DURABLE['DATABASES'] to another alias
+    than the open transaction's commits at once (RoutedOutsideTransactionWarning).
     """
     row = build_row(machine, state=state, args=args, step=step, queue=queue, priority=priority,
                     schedule_in=schedule_in, schedule_at=schedule_at, eligible_at=eligible_at,
@@ -221,7 +229,11 @@ def insert(machine, *, state=None, args=None, step=None, queue=None, priority=0,
         "concurrency_key": row.concurrency_key, "rate_limit": row.rate_limit, "weight": row.weight,
         "correlation_key": row.correlation_key, "scope": list(row.scope),
     }
-    found = db.fetchone(sql.INSERT, params, using or routed_alias(row.fsm, row.queue))
+    if using is None:
+        using = routed_alias(row.fsm, row.queue)
+        if using is not None:
+            warn_outside_atomic("insert", row.fsm, using)
+    found = db.fetchone(sql.INSERT, params, using)
     if found is None:
         raise DuplicateInstance(row.correlation_key)
     return found[0]
@@ -345,6 +357,25 @@ def batch_alias(batch: Batch) -> str | None:
     return routed_alias(batch.shapes[0].fsm, batch.shapes[0].queue) if batch.shapes else None
 
 
+def warn_outside_atomic(call: str, fsm: str, routed: str) -> None:
+    """Warn (RoutedOutsideTransactionWarning) when a call that the routes sent to alias
+    `routed` runs inside `transaction.atomic()` on another alias but none on `routed`:
+    Django's transactions are per database, so the row commits at once. The warning
+    names the first caller outside gen_durable (`Checkout.insert()` too)."""
+    if connections[routed].in_atomic_block:
+        return
+    held = sorted(c.alias for c in connections.all(initialized_only=True) if c.in_atomic_block)
+    if held:
+        frame, stacklevel = sys._getframe(1), 2
+        while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+            frame, stacklevel = frame.f_back, stacklevel + 1
+        warnings.warn(RoutedOutsideTransactionWarning(
+            f"{call}: GEN_DURABLE['DATABASES'] routes {fsm!r} to database {routed!r}, which has no "
+            f"transaction open, while transaction.atomic() is open on {', '.join(map(repr, held))}: the row "
+            f"commits now and survives a rollback of that block; wrap the call in "
+            f"transaction.atomic(using={routed!r}) too, or pass using= (docs/scaling.md)"), stacklevel=stacklevel)
+
+
 def insert_rows(batch: Batch, parent_ids=None, using=None) -> list[int | None]:
     """Run insert_all.sql for a validated batch; return ids in input order (None = duplicate)."""
     n = len(batch.state)
@@ -421,9 +452,17 @@ def insert_all(specs, *, using=None) -> list[int | None]:
 
     Returns ids in input order, None where the correlation key was a duplicate (within
     the batch or against live rows). Statements: 1 (0 for an empty list). Raises what
-    `insert` raises for a bad spec, before anything is written.
+    `insert` raises for a bad spec, before anything is written, and InvalidInput for a
+    batch GEN_DURABLE['DATABASES'] routes to different databases. Without `using=` the
+    batch goes where its rows are routed; like `insert`, it joins a `transaction.atomic()`
+    on that alias only (RoutedOutsideTransactionWarning when one is open elsewhere).
     """
-    return insert_rows(spec_batch(specs), using=using)
+    batch = spec_batch(specs)
+    if using is None and batch.shapes:
+        using = batch_alias(batch)
+        if using is not None:
+            warn_outside_atomic("insert_all", batch.shapes[0].fsm, using)
+    return insert_rows(batch, using=using)
 
 
 ainsert = sync_to_async(insert)

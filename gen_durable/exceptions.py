@@ -140,3 +140,16 @@ class TransactionLeftOpen(GenDurableError, RuntimeError):
     the transaction began are lost; the step is treated as failed (`handle()` sees this
     error). Close every `transaction.atomic()` and raw `BEGIN` before returning.
     """
+
+
+class RoutedOutsideTransactionWarning(RuntimeWarning):
+    """An `insert` or `insert_all` without `using=` was routed by
+    `GEN_DURABLE['DATABASES']` to a database with no transaction open, while the caller
+    held `transaction.atomic()` on another alias.
+
+    Django's transactions are per database: the row commits at once and survives a
+    rollback of that block. Open `transaction.atomic(using=ALIAS)` on the routed alias
+    too, or pass `using=` (docs/scaling.md, "Past one primary"). A warning, not an error:
+    writing to another database from inside a transaction can be what the caller wants;
+    silence it with Python's `warnings` filters.
+    """

@@ -106,6 +106,43 @@ def test_insert_without_using_lands_where_the_queue_or_machine_is_routed(two_dat
     assert Instance.objects.using("default").filter(id=explicit, queue=queue_name).exists()
 
 
+def test_a_routed_insert_inside_atomic_on_another_alias_warns_that_it_commits_at_once(two_databases, queue_name):
+    """Django's transactions are per database: a row routed to "other" from inside
+    atomic() on "default" commits at once and survives that block's rollback. The call
+    says so (RoutedOutsideTransactionWarning, pointing at the caller's line), and stays
+    quiet where the routed alias has its own transaction or nothing is open."""
+    import warnings
+
+    from django.db import transaction
+
+    with routes(QUEUES={queue_name: "other"}):
+        with pytest.raises(RuntimeError), transaction.atomic():
+            with pytest.warns(gd.RoutedOutsideTransactionWarning, match="routes 'tests.Counter' to database 'other'") as seen:
+                survivor = gd.insert(Counter, state={"target": 1}, queue=queue_name)
+            with pytest.warns(gd.RoutedOutsideTransactionWarning, match="^insert_all: .* open on 'default'"):
+                batch = gd.insert_all([gd.Spec(Counter, queue=queue_name) for _ in range(2)])
+            with pytest.warns(gd.RoutedOutsideTransactionWarning) as via_class:
+                by_class = Counter.insert(queue=queue_name)
+            rolled_back = gd.insert(Counter, state={"target": 1}, queue=queue_name, using="default")
+            raise RuntimeError("roll the block back")
+        # The warning names the caller's line, not gen_durable's.
+        assert seen[0].filename == via_class[0].filename == __file__
+        # What the warning said: the routed rows committed, the default one rolled back.
+        assert set(Instance.objects.using("other").values_list("id", flat=True)) == {survivor, by_class, *batch}
+        assert not Instance.objects.using("default").filter(id=rolled_back).exists()
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", gd.RoutedOutsideTransactionWarning)
+            gd.insert(Counter, queue=queue_name)  # no transaction anywhere
+            with pytest.raises(RuntimeError), transaction.atomic(), transaction.atomic(using="other"):
+                joined = gd.insert(Counter, queue=queue_name)  # the routed alias's own atomic(): joined
+                gd.insert_all([gd.Spec(Counter, queue=queue_name)])
+                raise RuntimeError("roll both back")
+            with transaction.atomic():
+                gd.insert(Counter, queue=queue_name, using="other")  # an explicit using= is the caller's choice
+    assert not Instance.objects.using("other").filter(id=joined).exists()
+
+
 def test_insert_all_refuses_a_batch_that_spans_databases(two_databases, queue_name):
     with routes(QUEUES={queue_name: "other"}), pytest.raises(gd.InvalidInput, match="different databases"):
         gd.insert_all([gd.Spec(Counter, queue=queue_name), gd.Spec(Counter, queue=queue_name + "-x")])
