@@ -41,6 +41,10 @@ attempt_logger = logging.getLogger("gen_durable.worker")  # per-step reports (ex
 DEAD_MARGIN = 10 * 365 * 86400.0
 RELEASE_ATTEMPTS = 5  # shutdown release passes over rows locked for a moment; retry them
 PAUSE_CHECK_INTERVAL = 1.0  # seconds: how stale this scheduler's view of a queue pause may be
+# Rows another release handed back that one adoption makes eligible again (at most; the
+# queue's demand when larger): adopted rows are ordinary runnable rows any worker that
+# knows them claims, so the batch bounds one UPDATE, not this worker's share.
+ADOPT_BATCH = 1000
 PICK_FAILURE_LOG_INTERVAL = 60.0  # seconds between log lines while picks keep failing
 # Rows a pick claims after the limiter denied rows in the previous one: enough to move a
 # throttled head out of the queue's way (each denied row is deferred once) in few picks.
@@ -396,8 +400,10 @@ class Scheduler:
     def adopt(self) -> int:
         """Make rows of this queue that a worker not knowing them handed back (a rolling
         deploy) eligible again when this process knows them; the pick that follows claims
-        them. Run only when the once-a-second pause read saw such rows."""
-        ids = adopt_known(self.queue, max(self.demand(), 1), self.using)
+        them. Run when the once-a-second pause read saw such rows, and by a burst before it
+        decides that nothing is left. Returns how many rows it adopted (≤ ADOPT_BATCH, or
+        the queue's demand when larger)."""
+        ids = adopt_known(self.queue, max(self.demand(), ADOPT_BATCH), self.using)
         if ids:
             telemetry.emit("scheduler.adopted", {"count": len(ids)}, {"queue": self.queue})
             logger.info("queue %s: %d rows another worker did not know are runnable again here", self.queue, len(ids))

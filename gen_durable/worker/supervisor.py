@@ -472,7 +472,14 @@ class Supervisor:
             return False
         rates = db.pg_array(sorted(self.limiter.limits.rates))
         row = db.fetchone(_IDLE_SQL, {"q": list(self.schedulers), "rates": rates}, self.using)
-        return not row[0]
+        return not row[0] and not self.adopt_handed_back()
+
+    def adopt_handed_back(self) -> int:
+        """Adopt, in every queue, the rows an older release handed back that this one
+        knows; return how many. They wait out of the pick's range until a pause read
+        adopts them, a batch a second: a burst that found nothing else left adopts them
+        now rather than leave them as "no worker of this release knows" them."""
+        return sum(s.adopt() for s in self.schedulers.values())
 
     def run(self, install_signals=True) -> int:
         """Run until SIGTERM/SIGINT (or, in burst mode, until idle); return the exit code."""

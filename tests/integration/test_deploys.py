@@ -19,6 +19,7 @@ import gen_durable as gd
 from gen_durable.models import Instance
 from tests.conftest import wait_until
 from tests.durable_app.deploy_machines import Added, Both, Evolving, EvolvingV2
+from tests.integration.test_rundurable import keep_signal_handlers  # noqa: F401  (fixture)
 
 ROOT = Path(__file__).resolve().parents[2]
 MANAGE = [sys.executable, str(ROOT / "tests" / "manage.py")]
@@ -84,6 +85,48 @@ def test_an_old_worker_hands_back_what_it_does_not_know_and_the_new_one_runs_it(
     assert sum("tests.deploy.Added v1" in line and "that machine" in line for line in lines) == 1, old_log
     assert sum("tests.deploy.Evolving v2" in line and "that version (it has v1)" in line for line in lines) == 1
     assert sum("tests.deploy.Evolving v1" in line and "that step" in line for line in lines) == 1
+
+
+def test_a_burst_of_the_new_release_runs_every_row_the_old_one_handed_back(committed, queue_name, monkeypatch,
+                                                                          keep_signal_handlers):  # noqa: F811
+    """A burst adopts the handed-back rows it knows before it decides that nothing is left.
+    Adoption comes in batches (ADOPT_BATCH, 2 here so that 30 rows take many) once a
+    second from the pause read; a burst used to stop between two reads and exit 3, calling
+    the rest unknown to "this release". Negative control: the idle check without the
+    adoption (test_control_a_burst_that_does_not_adopt_exits_3_with_known_rows_left)."""
+    from django.core.management import call_command
+
+    from gen_durable.worker import scheduler
+
+    unknown = handed_back_by_the_old_release(queue_name, 30)
+    monkeypatch.setattr(scheduler, "ADOPT_BATCH", 2)
+    call_command("rundurable", "--burst", "--queue", f"{queue_name}=2", "--no-gc", "--no-reaper", verbosity=0)
+    assert {(r.status, r.attempt, r.unknown_since) for r in rows(unknown)} == {("done", 0, None)}
+
+
+def test_control_a_burst_that_does_not_adopt_exits_3_with_known_rows_left(committed, queue_name, monkeypatch,
+                                                                          keep_signal_handlers):  # noqa: F811
+    from django.core.management import CommandError, call_command
+
+    from gen_durable.worker import scheduler, supervisor
+
+    unknown = handed_back_by_the_old_release(queue_name, 30)
+    monkeypatch.setattr(scheduler, "ADOPT_BATCH", 2)
+    monkeypatch.setattr(supervisor.Supervisor, "adopt_handed_back", lambda self: 0)
+    with pytest.raises(CommandError, match="rows were left"):
+        call_command("rundurable", "--burst", "--queue", f"{queue_name}=2", "--no-gc", "--no-reaper", verbosity=0)
+    assert sum(r.status == "runnable" and r.unknown_since is not None for r in rows(unknown)) > 0
+
+
+def handed_back_by_the_old_release(queue_name, n) -> list[int]:
+    ids = gd.insert_all([gd.Spec(Added, queue=queue_name) for _ in range(n)])
+    old = worker(queue_name, "old")
+    try:
+        wait_until(lambda: all(r.unknown_since is not None for r in rows(ids)), timeout=30,
+                   what="the old worker to hand back every row it does not know")
+    finally:
+        stop(old)
+    return ids
 
 
 def test_the_pick_hands_back_what_this_process_does_not_know_without_failing_it(committed, queue_name,
