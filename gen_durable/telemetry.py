@@ -46,7 +46,11 @@ never breaks the engine. `duration` measurements are seconds (float).
 | scheduler.adopted      | count                                     | queue                 |
 
 `step.start` and `step.stop` of one step are emitted in the same thread (the one that
-runs it); `error` is the recorded error text of a retry or stop (None otherwise).
+runs it); `error` is the recorded error text of a retry or stop (None otherwise). A sync
+step abandoned past its timeout has two `step.stop`: the attempt's outcome (kind `retry`
+or `stop`, what handle(StepTimeout) did), from the thread that ran handle() and with no
+`step.start` of its own, and, when the stuck thread returns, kind `abandoned` (its
+outcome was dropped; error None) from that thread.
 `gen_durable.otel` (gen_durable/integrations/otel.py) turns these events into OpenTelemetry spans and metrics.
 
 `step.slow` is emitted once per step still running after SLOW_STEP_SECONDS (sync steps,

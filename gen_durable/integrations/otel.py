@@ -14,9 +14,13 @@ Traces — one span per step, named "<machine>.<step>", opened in the step's thr
     gen_durable.machine, gen_durable.step, gen_durable.instance_id, gen_durable.attempt,
     gen_durable.queue, gen_durable.outcome (next | retry | await | schedule | done | stop
     | inline); a retry or stop records its error (an "exception" event, status ERROR).
+A sync step abandoned past its timeout gets two spans: the attempt's outcome (what
+handle(StepTimeout) did, from the thread that ran it) and, when the stuck thread
+returns, its own run, outcome "abandoned" (status ERROR; not counted in the metrics).
 
 Metrics (instrument, unit, attributes):
     gen_durable.steps              counter     {step}  machine, step, outcome
+    gen_durable.steps.slow         counter     {step}  machine, step   (still running at SLOW_STEP_SECONDS)
     gen_durable.step.duration      histogram   s       machine, step, outcome
     gen_durable.pick.duration      histogram   s       queue
     gen_durable.pick.batch_size    histogram   {row}   queue
@@ -42,6 +46,7 @@ logger = logging.getLogger("gen_durable.otel")
 
 SCOPE = "gen_durable"
 ERROR_KINDS = ("retry", "stop")
+ABANDONED = "abandoned"  # step.stop of a step that returned after its timeout abandoned it
 # Bucket boundaries (seconds) advised for the duration histograms: the SDK's default ones
 # (0, 5, 10, 25 … 10,000) suit milliseconds and would put nearly every step in one bucket.
 STEP_SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
@@ -79,7 +84,10 @@ class OtelHandler:
         self.traces, self.metrics = traces, metrics
         self.using = using  # alias(es) of the queue gauges: None, a str, or several (serve_databases)
         self._own_using = using is not None  # installed for a database: rundurable leaves it there
-        self._open: dict = {}  # instance id -> (span, context token) of its running step
+        # (instance id, thread) -> (span, context token) of its running step: a step
+        # abandoned past its timeout still runs in its thread while another thread records
+        # the attempt's outcome (two step.stop events, one per thread).
+        self._open: dict = {}
         self._queues: set = set()  # queues whose schedulers run in this process
         if traces:
             self.tracer = trace.get_tracer(SCOPE, _version(), tracer_provider=tracer_provider)
@@ -87,6 +95,9 @@ class OtelHandler:
             meter = otel_metrics.get_meter(SCOPE, _version(), meter_provider=meter_provider)
             self.steps = meter.create_counter("gen_durable.steps", unit="{step}",
                                               description="Steps run, by machine, step and outcome")
+            self.steps_slow = meter.create_counter(
+                "gen_durable.steps.slow", unit="{step}",
+                description="Steps still running after SLOW_STEP_SECONDS (counted once each, while they run)")
             self.step_duration = meter.create_histogram("gen_durable.step.duration", unit="s",
                                                         description="Time a step's code ran",
                                                         explicit_bucket_boundaries_advisory=STEP_SECONDS)
@@ -115,6 +126,8 @@ class OtelHandler:
             self._step_stop(measurements, metadata)
         elif not self.metrics:
             return
+        elif event == "step.slow":
+            self.steps_slow.add(1, {"machine": metadata.get("fsm"), "step": metadata.get("step")})
         elif event == "pick.stop":
             attrs = {"queue": metadata.get("queue")}
             self.pick_duration.record(measurements["duration"], attrs)
@@ -139,12 +152,14 @@ class OtelHandler:
                                       attributes=self._attributes(metadata))
         # Current in this thread, or in this asyncio task for an async step (contextvars).
         token = context.attach(self._trace.set_span_in_context(span))
-        self._open[metadata.get("id")] = (span, token)
+        self._open[(metadata.get("id"), threading.get_ident())] = (span, token)
 
     def _step_stop(self, measurements, metadata):
         kind = metadata.get("kind")
         duration = measurements.get("duration", 0.0)
-        if self.metrics:
+        # An abandoned step's late return is not a step outcome: the attempt was counted
+        # once, with what handle(StepTimeout) did; its span still ends, marked.
+        if self.metrics and kind != ABANDONED:
             attrs = {"machine": metadata.get("fsm"), "step": metadata.get("step"), "outcome": kind}
             self.steps.add(1, attrs)
             self.step_duration.record(duration, attrs)
@@ -153,7 +168,7 @@ class OtelHandler:
         from opentelemetry import context
         from opentelemetry.trace import Status, StatusCode
 
-        open_ = self._open.pop(metadata.get("id"), None)
+        open_ = self._open.pop((metadata.get("id"), threading.get_ident()), None)
         if open_ is not None:
             span, token = open_
         else:  # attached mid-step: record it after the fact with its real start
@@ -164,7 +179,9 @@ class OtelHandler:
             token = None
         span.set_attribute("gen_durable.outcome", kind or "")
         error = metadata.get("error")
-        if error and kind in ERROR_KINDS:
+        if kind == ABANDONED:
+            span.set_status(Status(StatusCode.ERROR, "abandoned past its step timeout; its outcome was dropped"))
+        elif error and kind in ERROR_KINDS:
             etype, _, message = error.partition(": ")
             span.add_event("exception", {"exception.type": etype if message else "Error",
                                          "exception.message": message or error})

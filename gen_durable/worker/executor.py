@@ -143,11 +143,14 @@ def _stamped(entry: Entry, job: Claimed, began: float) -> Entry:
     return entry
 
 
-def execute(job: Claimed, *, inline: bool = False) -> Entry:
+def execute(job: Claimed, *, inline: bool = False, finish=None) -> Entry:
     """Run `job`'s current step and return the entry to flush. Never raises Exception.
 
     inline: whether a Next that asks for inline continuation may get it (kind "inline");
     otherwise it is a plain requeued Next. See `inline_kind` for the key rule.
+    finish: a step thread's `() -> bool`, called once when the step returned and before
+    its `step.stop`: True when the worker abandoned the step past its timeout meanwhile
+    (its outcome is dropped, so `step.stop` says kind "abandoned", not the outcome).
     """
     observed = telemetry.active()  # the events' dicts are built only for a listener
     if observed:
@@ -165,12 +168,23 @@ def execute(job: Claimed, *, inline: bool = False) -> Entry:
         else:
             entry = _run(cls, job, inline)
     _stamped(entry, job, began)
+    abandoned = finish is not None and finish()
     if observed or telemetry.active():
-        telemetry.emit("step.stop", {"duration": time.perf_counter() - started},
-                       {"id": job.id, "fsm": job.fsm, "step": job.step, "kind": entry.kind,
-                        "attempt": job.attempt, "queue": job.queue, "error": entry.error})
+        emit_stop(job, ABANDONED if abandoned else entry.kind, time.perf_counter() - started,
+                  None if abandoned else entry.error)
     logger.debug("step %s#%s %s -> %s", job.fsm, job.id, job.step, entry.kind)
     return entry
+
+
+# step.stop's kind for a sync step that returned after the worker abandoned it past its
+# timeout: its outcome went nowhere (the timeout's own step.stop carries what handle() did).
+ABANDONED = "abandoned"
+
+
+def emit_stop(job: Claimed, kind: str, duration: float, error: str | None) -> None:
+    telemetry.emit("step.stop", {"duration": duration},
+                   {"id": job.id, "fsm": job.fsm, "step": job.step, "kind": kind,
+                    "attempt": job.attempt, "queue": job.queue, "error": error})
 
 
 def _prepare(cls, job: Claimed):
@@ -392,13 +406,20 @@ def past_deadline(started: float, timeout: float | None, now: float) -> bool:
     return timeout is not None and now - started >= timeout
 
 
-def execute_timeout(job: Claimed, timeout: float, elapsed: float) -> Entry:
+def execute_timeout(job: Claimed, timeout: float, elapsed: float, finish=None) -> Entry:
     """The outcome of `job`'s step abandoned past `timeout`: `handle(gd.StepTimeout)`.
 
     Runs handle() like any step error (a Job retries by its backoff until max_attempts;
-    a Machine's default handle stops the instance). Never raises Exception.
+    a Machine's default handle stops the instance). Never raises Exception. Emits the
+    attempt's `step.stop` (its duration counts from the step's start), in this thread,
+    which emitted no `step.start`; `finish` as for `execute`.
     """
-    return _stamped(_execute_timeout(job, timeout, elapsed), job, time.monotonic() - elapsed)
+    handling = time.perf_counter()
+    entry = _stamped(_execute_timeout(job, timeout, elapsed), job, time.monotonic() - elapsed)
+    abandoned = finish is not None and finish()
+    emit_stop(job, ABANDONED if abandoned else entry.kind, elapsed + time.perf_counter() - handling,
+              None if abandoned else entry.error)
+    return entry
 
 
 def _execute_timeout(job: Claimed, timeout: float, elapsed: float) -> Entry:
@@ -633,5 +654,5 @@ def requeue_entry(job: Claimed) -> Entry:
                  parent_id=job.parent_id)
 
 
-__all__ = ["Entry", "Row", "StepWhere", "aexecute", "continuation", "execute", "execute_timeout", "is_async",
+__all__ = ["ABANDONED", "Entry", "Row", "StepWhere", "aexecute", "continuation", "emit_stop", "execute", "execute_timeout", "is_async",
            "job_timeout", "past_deadline", "requeue_entry", "step_timeout", "to_entry"]

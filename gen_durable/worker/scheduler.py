@@ -31,8 +31,8 @@ from .. import db, registry, sql, telemetry
 from . import connections
 from .claims import abandon, adopt_known, pick, reclaim, release, still_owned
 from . import aio
-from .executor import (StepWhere, aexecute, continuation, error_text, execute, execute_timeout, is_async, job_timeout,
-                       past_deadline, requeue_entry, stop_entry)
+from .executor import (StepWhere, aexecute, continuation, emit_stop, error_text, execute, execute_timeout, is_async,
+                       job_timeout, past_deadline, requeue_entry, stop_entry)
 
 logger = logging.getLogger("gen_durable.scheduler")
 attempt_logger = logging.getLogger("gen_durable.worker")  # per-step reports (executor.py)
@@ -653,7 +653,8 @@ class Scheduler:
                 submitted = False
                 try:
                     if task is not None:
-                        entry = self._timed(run, job, lambda: execute_timeout(job, task.timeout, task.elapsed))
+                        entry = self._timed(run, job, lambda: execute_timeout(job, task.timeout, task.elapsed,
+                                                                              finish=lambda: self._finish(run)))
                         self.flusher.submit(entry)
                     else:
                         self.run_chain(job, run)
@@ -852,9 +853,7 @@ class Scheduler:
         try:
             return fn()
         finally:
-            with run.lock:
-                run.active = False
-                abandoned = run.abandoned
+            abandoned = self._finish(run)
             # This thread's step time (the adaptive claim-ahead): one tuple per thread,
             # replaced whole (a reader sees a step's time with its count); a thread's first
             # entry is added under the lock `_busy` reads under.
@@ -868,6 +867,15 @@ class Scheduler:
                     self._thread_busy[me] = entry
             if abandoned:
                 raise Abandoned()
+
+    @staticmethod
+    def _finish(run) -> bool:
+        """End `run`'s step (the watchdog can no longer abandon it); return whether it
+        was abandoned before. Idempotent: `execute` calls it before its step.stop, so the
+        event and the outcome's fate agree, and `_timed` again afterwards."""
+        with run.lock:
+            run.active = False
+            return run.abandoned
 
     # --- step timeouts ------------------------------------------------------------
     def next_step_deadline(self, now: float) -> float | None:
@@ -941,7 +949,8 @@ class Scheduler:
                            r.job.fsm, r.job.id, r.job.step, r.timeout, self.stuck, self.queue)
             if not r.handling:
                 self.flusher.step_abandoned()  # the TimedOut task counts itself when it starts
-        for entry in stops:
+        for entry, r in zip(stops, [r for r in overdue if r.handling]):
+            emit_stop(r.job, entry.kind, now - r.started, entry.error)  # the attempt's outcome, counted once
             self.flusher.submit(entry)  # balances the abandoned handle()'s step_started
         return len(overdue)
 
@@ -1022,7 +1031,7 @@ class Scheduler:
         if run is None:
             run = self._runs.get(threading.current_thread())
         entry = (execute(job, inline=allowed) if run is None  # not on a step thread (tests)
-                 else self._timed(run, job, lambda: execute(job, inline=allowed)))
+                 else self._timed(run, job, lambda: execute(job, inline=allowed, finish=lambda: self._finish(run))))
         self._submit(job, entry, allowed, started, steps)
 
     async def arun_chain(self, job) -> None:

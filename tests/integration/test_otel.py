@@ -201,3 +201,50 @@ def test_rundurable_logs_throughput_while_busy_and_nothing_while_idle(transactio
     assert idle == [], [r.getMessage() for r in idle]
     line = next(r.getMessage() for r in caplog.records if "throughput" in r.getMessage())
     assert queue_name in line and "steps/s" in line
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_step_abandoned_past_its_timeout_counts_once_with_what_handle_did(otel_sdk, engine, queue_name):
+    """The attempt's outcome (handle(StepTimeout): Done here) is counted when it is
+    recorded, not when the stuck thread returns; that late return is a span marked
+    "abandoned" and no step in the metrics. Before, the metrics saw nothing until the
+    thread returned and then counted the dropped outcome as a `done` step. The hung step
+    counts in gen_durable.steps.slow while it hangs."""
+    import uuid
+
+    from django.test import override_settings
+
+    from tests.durable_app.time_machines import Hangs, gate
+
+    exporter, reader, _ = otel_sdk
+    name = f"g{uuid.uuid4().hex[:8]}"
+    try:
+        with override_settings(GEN_DURABLE={"QUEUES": {queue_name: 1}, "SLOW_STEP_SECONDS": 0.2}):
+            sched = engine({queue_name: 1}).schedulers[queue_name]
+            id_ = gd.insert(Hangs, queue=queue_name, state={"gate": name})
+            wait_until(lambda: Instance.objects.get(id=id_).status == "done", what="StepTimeout handled")
+            wait_until(lambda: any(a.get("machine") == Hangs.name
+                                   for a, _ in _points(reader).get("gen_durable.steps", [])),
+                       what="the attempt's outcome in the metrics")
+            # While the thread still hangs: the outcome is counted, and the hang was seen.
+            points = _points(reader)
+            assert sched.stuck == 1
+            assert {a["outcome"]: p.value for a, p in points["gen_durable.steps"] if a["machine"] == Hangs.name} \
+                == {"done": 1}
+            [(slow_attrs, slow)] = [(a, p) for a, p in points["gen_durable.steps.slow"] if a["machine"] == Hangs.name]
+            assert slow.value == 1 and slow_attrs["step"] == "start"
+            [duration] = [p for a, p in points["gen_durable.step.duration"] if a["machine"] == Hangs.name]
+            assert duration.count == 1 and duration.sum >= 0.5  # from the step's start, past its timeout
+            gate(name).set()  # the stuck thread returns Done({"late": True}): dropped
+            wait_until(lambda: sched.stuck == 0, what="the stuck thread returned")
+            wait_until(lambda: len([s for s in exporter.get_finished_spans()
+                                    if s.attributes["gen_durable.instance_id"] == id_]) == 2, what="both spans")
+    finally:
+        gate(name).set()
+    steps = {a["outcome"]: p.value for a, p in _points(reader)["gen_durable.steps"] if a["machine"] == Hangs.name}
+    assert steps == {"done": 1}  # the late return is not a second step
+    spans = sorted((s for s in exporter.get_finished_spans() if s.attributes["gen_durable.instance_id"] == id_),
+                   key=lambda s: s.end_time)
+    assert [s.attributes["gen_durable.outcome"] for s in spans] == ["done", "abandoned"]
+    assert spans[1].status.status_code is StatusCode.ERROR and "abandoned" in spans[1].status.description
+    assert Instance.objects.get(id=id_).result["timed_out"] is True
