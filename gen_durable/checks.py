@@ -647,8 +647,9 @@ def check_runnable_queues(app_configs=None, databases=None, **kwargs):
         errors.append(Warning(
             f"Runnable rows wait in queue {queue!r} ({describe_rows(n, example, QUEUE_SAMPLE_CAP)}), "
             "which GEN_DURABLE['QUEUES'] does not name.",
-            hint=(f"Did you mean {close[0]!r}? A misspelt queue= at insert: cancel those rows (admin) and "
-                  "insert them again in the right queue. " if close else "")
+            hint=(f"Did you mean {close[0]!r}? A misspelt queue= at insert: move those rows to the right "
+                  f"queue (the admin's \"Move selected instances to a queue\", or `manage.py durable_bulk move "
+                  f"--queue {queue} --to-queue {close[0]}`). " if close else "")
             + "If the queue is meant to exist, add it to QUEUES (or run a worker with --queue for it).",
             id=ID + "W006"))
     return errors

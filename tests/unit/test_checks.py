@@ -559,8 +559,9 @@ def test_runnable_rows_in_a_queue_no_worker_is_configured_for_are_a_warning(sett
     assert [(w.id, w.msg, w.hint) for w in warnings] == [
         ("gen_durable.W006", f"Runnable rows wait in queue 'emials' (2 rows, e.g. id {min(typo)}), which "
                              "GEN_DURABLE['QUEUES'] does not name.",
-         "Did you mean 'emails'? A misspelt queue= at insert: cancel those rows (admin) and insert them again in "
-         "the right queue. If the queue is meant to exist, add it to QUEUES (or run a worker with --queue for it)."),
+         "Did you mean 'emails'? A misspelt queue= at insert: move those rows to the right queue (the admin's "
+         "\"Move selected instances to a queue\", or `manage.py durable_bulk move --queue emials --to-queue emails`). "
+         "If the queue is meant to exist, add it to QUEUES (or run a worker with --queue for it)."),
     ]
     assert checks.check_runnable_queues() == []  # only with --database
 
