@@ -476,3 +476,44 @@ def test_a_worker_serving_only_other_starts_while_default_is_unreachable(two_dat
             ), proc.stderr[-3000:]
     rows = Instance.objects.using("other").filter(id__in=ids)
     assert {(r.status, r.result["count"]) for r in rows} == {("done", 2)}
+
+
+@pytest.mark.parametrize("how", ["max_wait", "sigterm"])
+def test_a_burst_whose_second_database_never_comes_up_exits_3(two_databases, queue_name, how):
+    """`rundurable --burst --database default --database other` with 'other' refusing
+    connections: 'default' is drained, and the command exits 3 (its rows on 'other' never
+    ran) once --max-wait has passed, or when SIGTERM stops the wait. Before, --max-wait
+    did not bound the wait (it waited for ever) and SIGTERM ended it with 0."""
+    import json
+    import signal
+    import socket
+    import subprocess
+    import time
+
+    from tests.integration.test_rundurable import MANAGE, ROOT, child_env
+
+    ids = gd.insert_all([gd.Spec(Counter, state={"target": 1}, queue=queue_name) for _ in range(3)])
+    with socket.socket() as s:  # a port nothing listens on: 'other' refuses connections
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    env = dict(child_env(), GEN_DURABLE_TEST_OTHER_DB_OVERRIDE=json.dumps({"HOST": "127.0.0.1", "PORT": str(closed)}))
+    args = MANAGE + ["rundurable", "--burst", "--database", "default", "--database", "other",
+                     "--queue", f"{queue_name}=2", "--no-gc"] + (["--max-wait", "3"] if how == "max_wait" else [])
+    proc = subprocess.Popen(args, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        if how == "sigterm":
+            deadline = time.monotonic() + 60
+            while Instance.objects.filter(id__in=ids, status="done").count() < 3 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            time.sleep(1)  # 'default' drained; the wait for 'other' goes on
+            assert proc.poll() is None
+            proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 3, err[-3000:]
+    assert {r.status for r in Instance.objects.filter(id__in=ids)} == {"done"}  # 'default' was served
+    said = ("is still down after --max-wait 3 s" if how == "max_wait" else "was stopped before it came up")
+    assert f"burst mode: database 'other' {said}; its rows were not run (exit status 3)" in err, err[-3000:]

@@ -91,6 +91,17 @@ def wait_for_database(alias: str, stop=None, *, failed: int = 0) -> int | None:
         log.warning("database %r unavailable (attempt %d: %s); retrying in %.1fs", alias, attempt, reason, delay)
 
 
+class _Deadline:
+    """A stop request (`wait(seconds) -> bool`) that also ends `seconds` from now."""
+
+    def __init__(self, stop, seconds: float):
+        self.stop, self.deadline = stop, time.monotonic() + seconds
+
+    def wait(self, seconds: float) -> bool:
+        left = self.deadline - time.monotonic()
+        return left <= 0 or self.stop.wait(min(seconds, left)) or time.monotonic() >= self.deadline
+
+
 class Late(list):
     """The aliases `wait_for_any_database` found down, and how many attempts it made."""
 
@@ -221,7 +232,8 @@ class Command(BaseCommand):
                                  "on a signal or children are not waited for.")
         parser.add_argument("--max-wait", type=positive_float, default=None, metavar="SECONDS",
                             help="With --burst: stop once no step completed for this many seconds while rows "
-                                 "remain (due later, deferred by the limiter, the limiter unreachable); "
+                                 "remain (due later, deferred by the limiter, the limiter unreachable), or a "
+                                 "--database that was down at start-up is still down; "
                                  f"exits {EXIT_LEFT_WORK} naming them. Default: wait for them.")
         parser.add_argument("--database", action="append", dest="database", default=None, metavar="ALIAS",
                             help="Database alias to serve (repeatable: one process serves each named "
@@ -359,7 +371,8 @@ class Command(BaseCommand):
         failed = max(getattr(getattr(self, "_late", None), "attempts", 0), 1)
         budget = dict(queues=queues, processes=processes, reaper=not no_reaper, gc=not no_gc, gauges=gauges)
         prepare = {alias: self._late_start(alias, wait=failed if alias in late else 0,
-                                           check=budget if alias in unchecked else None)
+                                           check=budget if alias in unchecked else None,
+                                           burst=burst, max_wait=max_wait)
                    for alias in aliases if alias in late or alias in unchecked}
         try:
             code = Supervisor(configs[0]).run() if len(configs) == 1 else run_several(configs, prepare)
@@ -376,7 +389,8 @@ class Command(BaseCommand):
         if code:
             raise CommandError(f"worker exited with {code}")
 
-    def _late_start(self, alias: str, *, wait: int, check: dict | None):
+    def _late_start(self, alias: str, *, wait: int, check: dict | None, burst: bool = False,
+                    max_wait: float | None = None):
         """The start of the worker of database `alias`, which was down when this process
         started (or its parent did): run in that worker's thread (`run_several`), it
         waits until a connection opens (`wait`: the attempts made already; 0: none
@@ -385,15 +399,23 @@ class Command(BaseCommand):
         counted for this alias alone, --processes included) and returns None for the
         worker to start; 0 if the worker was asked to stop meanwhile, 1 after logging a
         check that failed (which stops every worker of this process: the settings or the
-        schema are wrong)."""
+        schema are wrong). A `burst` never ran that database's rows: stopped before it
+        came up, or still down after `max_wait` seconds (which bounds this wait as it
+        bounds a burst without progress), it returns EXIT_LEFT_WORK."""
 
         def start(stop):
             log = logging.getLogger("gen_durable.worker")
+            waiting = stop if not (burst and max_wait is not None) else _Deadline(stop, max_wait)
             try:
-                attempts = wait_for_database(alias, stop=stop, failed=wait) if wait else None
+                attempts = wait_for_database(alias, stop=waiting, failed=wait) if wait else None
                 if wait and attempts is None:
-                    log.info("database %r: asked to stop before it came up; its worker never started", alias)
-                    return 0
+                    if not burst:
+                        log.info("database %r: asked to stop before it came up; its worker never started", alias)
+                        return 0
+                    log.warning("burst mode: database %r %s; its rows were not run (exit status %d)", alias,
+                                f"is still down after --max-wait {max_wait:g} s" if waiting is not stop
+                                and not stop.is_set() else "was stopped before it came up", EXIT_LEFT_WORK)
+                    return EXIT_LEFT_WORK
                 if check is not None:
                     self._require_migrations(alias)
                     self._check_connection_budget(aliases=[alias], **check)
