@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import difflib
 import functools
 import inspect
 import logging
@@ -507,8 +508,10 @@ def _state(value, cls, job, what="state") -> str | None:
 
 def _check_step(cls, name, outcome):
     if name not in cls.steps:
-        raise InvalidOutcome(f"{cls.name}: {type(outcome).__name__} names unknown step {name!r}; "
-                             f"steps are {sorted(cls.steps)}")
+        close = difflib.get_close_matches(str(name), list(cls.steps), n=1)
+        raise InvalidOutcome(f"{cls.name}: {type(outcome).__name__} names unknown step {name!r}"
+                             + (f"; did you mean {close[0]!r}?" if close else "")
+                             + f" (steps are {sorted(cls.steps)})")
 
 
 def _check_rate(outcome, cls, job):

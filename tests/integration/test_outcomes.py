@@ -266,3 +266,27 @@ def test_an_unknown_machine_waits_untouched_and_the_engine_keeps_going(committed
     assert (r.status, r.attempt, r.last_error, r.locked_by) == ("runnable", 0, None, None)
     later = gd.insert(Flow, queue=queue_name)
     wait_until(lambda: Instance.objects.get(id=later).status == "done", what="a later row done")
+
+
+class MisspeltNext(gd.Machine):
+    name = "tests.outcomes.MisspeltNext"
+
+    @gd.step
+    def start(self, ctx):
+        return gd.Next(ctx.state["to"])
+
+    @gd.step
+    def ship(self, ctx):
+        return gd.Done()
+
+
+@pytest.mark.django_db
+def test_a_next_to_a_misspelt_step_fails_naming_the_close_one(queue_name):
+    typo = gd.insert(MisspeltNext, queue=queue_name, state={"to": "shipp"})
+    unlike = gd.insert(MisspeltNext, queue=queue_name, state={"to": "refund"})  # nothing close: no guess
+    drain(queue=queue_name)
+    assert Instance.objects.get(id=typo).status == "failed"
+    assert ("InvalidOutcome: tests.outcomes.MisspeltNext: Next names unknown step 'shipp'; did you mean 'ship'? "
+            "(steps are ['ship', 'start'])") == Instance.objects.get(id=typo).last_error
+    assert Instance.objects.get(id=unlike).last_error.endswith(
+        "Next names unknown step 'refund' (steps are ['ship', 'start'])")
