@@ -680,7 +680,8 @@ def check_rate_limit_names(app_configs=None, databases=None, **kwargs):
 def check_database_routes(app_configs=None, **kwargs):
     """E090: GEN_DURABLE['DATABASES'] is not {"MACHINES": {name: alias}, "QUEUES": {queue: alias}};
     E091: it routes to an alias DATABASES lacks; W090: it names a machine no app registers
-    (its inserts would land on DATABASE, not where the route says)."""
+    (its inserts would land on DATABASE, not where the route says); W091: it names a queue
+    no one declares (inserts refuse such a queue, so the route is dead — a typo)."""
     from django.db import connections
 
     from . import registry
@@ -714,7 +715,24 @@ def check_database_routes(app_configs=None, **kwargs):
                                       hint=f"Did you mean {close[0]!r}?" if close else
                                       "Machine names are registered names such as 'app.Machine'.",
                                       id=ID + "W090"))
+            elif section == "QUEUES" and not queue_is_declared(name):
+                from .calls import declared_queues
+
+                close = difflib.get_close_matches(name, sorted(declared_queues()[0]), n=1)
+                errors.append(Warning(f"{where}: no one declares queue {name!r} (GEN_DURABLE['QUEUES'], a "
+                                      "registered machine's queue, EXTRA_QUEUES), so no insert can use the route.",
+                                      hint=f"Did you mean {close[0]!r}?" if close else
+                                      "Declare the queue, or remove the route.", id=ID + "W091"))
     return errors
+
+
+def queue_is_declared(name: str) -> bool:
+    import fnmatch
+
+    from .calls import declared_queues
+
+    names, patterns = declared_queues()
+    return name in names or any(fnmatch.fnmatchcase(name, p) for p in patterns)
 
 
 def live_versions(using=None) -> list[dict]:

@@ -199,7 +199,12 @@ def test_the_routes_are_validated_by_system_checks():
     assert ("gen_durable.E090", "GEN_DURABLE['DATABASES']['MACHINES']['tests.Counter'] must map a non-empty "
                                 "name to a database alias (a string).") in found
     assert ("gen_durable.W090", "GEN_DURABLE['DATABASES']['MACHINES']['tests.Countr']") in found
-    with routes(QUEUES={"q": "other"}, MACHINES={"tests.Counter": "other"}):
+    # A queue route no insert can use (inserts refuse an undeclared queue): a typo.
+    with routes(QUEUES={"defualt": "other"}):
+        [w] = check_database_routes()
+    assert (w.id, w.hint) == ("gen_durable.W091", "Did you mean 'default'?")
+    assert w.msg.startswith("GEN_DURABLE['DATABASES']['QUEUES']['defualt']: no one declares queue 'defualt'")
+    with routes(QUEUES={"default": "other"}, MACHINES={"tests.Counter": "other"}):
         assert check_database_routes() == []  # the negative control: good routes pass
 
 
