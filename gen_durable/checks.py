@@ -513,23 +513,37 @@ def check_limits(app_configs=None, **kwargs):
 
 @register(Tags.database)
 def check_database(app_configs=None, databases=None, **kwargs):
-    """E008: the engine alias exists and is PostgreSQL; W002: prepared statements off."""
+    """E008: the engine alias exists and is PostgreSQL; W002: prepared statements off.
+    Checked for GEN_DURABLE['DATABASE'] and every alias GEN_DURABLE['DATABASES'] routes to
+    (a bad route itself is E090/E091)."""
     alias = get_settings().DATABASE
     dbs = django_settings.DATABASES
     if alias not in dbs:
         return [Error(f"GEN_DURABLE['DATABASE'] names an unknown database alias {alias!r}.",
                       hint=f"Aliases: {', '.join(dbs)}.", id=ID + "E008")]
-    cfg = dbs[alias]
-    engine = cfg.get("ENGINE", "")
-    if "postgresql" not in engine and "postgis" not in engine:  # PostGIS is PostgreSQL too
-        return [Error(f"gen_durable needs PostgreSQL; database {alias!r} uses {cfg.get('ENGINE')!r}.",
-                      hint="Use django.db.backends.postgresql with psycopg 3.", id=ID + "E008")]
-    opts = cfg.get("OPTIONS", {})
     pooler = get_settings().POOLER
     if pooler is not None and pooler != "transaction":
         return [Error(f"GEN_DURABLE['POOLER'] must be None or 'transaction', got {pooler!r}.",
                       hint="'transaction' when the database is reached through a transaction-mode pooler "
                            "(PgBouncer pool_mode = transaction).", id=ID + "E009")]
+    return [m for a in [alias] + [r for r in _routed_aliases() if r != alias and r in dbs]
+            for m in _check_alias(a, dbs[a], pooler)]
+
+
+def _routed_aliases() -> list[str]:
+    routes = get_settings().DATABASES
+    if not isinstance(routes, dict):
+        return []
+    return sorted({a for section in ("MACHINES", "QUEUES") if isinstance(routes.get(section), dict)
+                   for a in routes[section].values() if isinstance(a, str)})
+
+
+def _check_alias(alias: str, cfg: dict, pooler) -> list:
+    engine = cfg.get("ENGINE", "")
+    if "postgresql" not in engine and "postgis" not in engine:  # PostGIS is PostgreSQL too
+        return [Error(f"gen_durable needs PostgreSQL; database {alias!r} uses {cfg.get('ENGINE')!r}.",
+                      hint="Use django.db.backends.postgresql with psycopg 3.", id=ID + "E008")]
+    opts = cfg.get("OPTIONS", {})
     if pooler == "transaction":
         if opts.get("server_side_binding") is True or opts.get("prepare_threshold") is not None:
             return [Error(

@@ -405,6 +405,25 @@ def test_the_warning_follows_the_engine_alias_not_default():
         assert checks.check_database() == []
 
 
+@ignore_databases_warning
+def test_an_alias_the_routes_name_is_checked_too():
+    """A queue group's database (GEN_DURABLE['DATABASES']) runs the same engine: a
+    routed alias gets E008 and W002 like GEN_DURABLE['DATABASE']; an unrouted one
+    (the control) does not."""
+    plain = real_db()
+    plain.pop("OPTIONS", None)
+    mysql = {**real_db(), "ENGINE": "django.db.backends.mysql"}
+    dbs = {"default": real_db(), "bulk": plain, "legacy": mysql, "unrouted": plain}
+    with override_settings(DATABASES=dbs, GEN_DURABLE={"DATABASES": {"QUEUES": {"imports": "bulk"},
+                                                                     "MACHINES": {"app.M": "legacy"}}}):
+        assert [(m.id, m.msg) for m in checks.check_database()] == [
+            ("gen_durable.W002", "Database 'bulk' has prepared statements off (Django's default)."),
+            ("gen_durable.E008", "gen_durable needs PostgreSQL; database 'legacy' uses 'django.db.backends.mysql'."),
+        ]
+    with override_settings(DATABASES=dbs):
+        assert checks.check_database() == []
+
+
 # --- conf.get_settings ------------------------------------------------------------------
 
 @override_settings(GEN_DURABLE={"FLUSH": {"MAX_BATCH": 5}, "GC": {"RETENTION": 10}})
