@@ -41,7 +41,8 @@ def statements(conn):
              "lease": 60.0, "renew": 40.0, "inline": []}
     target = conn.execute("SELECT id FROM gen_durable WHERE status = 'runnable' LIMIT 1").fetchone()[0]
     return [
-        ("pick (batch 50)", sql.PICK, {"queue": "q1", "limit": 50, "worker": "w", "ttl": 60.0, "gates": []}),
+        ("pick (batch 50)", sql.PICK, {"queue": "q1", "limit": 50, "worker": "w", "ttl": 60.0, "gates": [],
+                                       "held_ids": None, "held_claims": None}),
         ("load_signals (50 ids)", sql.LOAD_SIGNALS, {"ids": ids}),
         ("load_children (50 ids)", sql.LOAD_CHILDREN, {"ids": ids}),
         ("flush (50 Next)", sql.FLUSH, flush),

@@ -14,6 +14,11 @@
 --   strength stays compatible with the KEY SHARE a signal insert's FK check takes.
 -- claim: the row's claim counter, incremented: the token its outcome carries to the
 --   flush guard (flush.sql), as locked_by names the worker, not the claim.
+--   held_ids bigint[], held_claims bigint[] (NULL, NULL but after a reconnect): claims
+--   this worker still holds whose commit a server crash may have lost (the claim commits
+--   asynchronously). Such a row is runnable again at its older counter; claimed again,
+--   it gets a counter above the one the earlier run holds, so that run's late outcome
+--   is stale instead of passing the guard (docs/design.md#leases, "Claims across a crash").
 -- eligible_at comes back as epoch seconds: it only orders the batch in Python.
 -- K=1: row_number() over the locked window keeps the most urgent row per unconfigured
 --   key; the losers stay runnable. The unique arbiter index is the correctness backstop:
@@ -45,7 +50,7 @@ WITH cand AS (
     LIMIT %(limit)s
     FOR NO KEY UPDATE OF g SKIP LOCKED
 ), ranked AS (
-    SELECT c.id, c.gated,
+    SELECT c.id, c.gated, h.claim AS held,
            row_number() OVER (
                PARTITION BY CASE WHEN c.gated OR c.concurrency_key IS NULL THEN c.id::text
                                  ELSE c.concurrency_key END
@@ -55,6 +60,7 @@ WITH cand AS (
                PARTITION BY CASE WHEN c.enters THEN c.correlation_key ELSE c.id::text END
                ORDER BY c.priority, c.eligible_at, c.id) AS rc
     FROM cand c
+    LEFT JOIN unnest(%(held_ids)s::bigint[], %(held_claims)s::bigint[]) AS h(id, claim) ON h.id = c.id
 )
 UPDATE gen_durable g
 SET status = 'executing',
@@ -62,7 +68,7 @@ SET status = 'executing',
     lease_expires_at = now() + make_interval(secs => %(ttl)s::float8),
     concurrency_shard = CASE WHEN r.gated THEN -1 END,
     updated_at = now(),
-    claim = g.claim + 1
+    claim = GREATEST(g.claim, r.held) + 1
 FROM ranked r
 WHERE g.id = r.id AND r.rn = 1 AND r.rc = 1
 RETURNING g.id, g.fsm, g.fsm_version, g.step, g.state, g.attempt, g.awaits, g.queue,

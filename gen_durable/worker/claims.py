@@ -53,10 +53,12 @@ class Claimed:
     rechecked: bool = False  # its freshness came from a batch re-check (counted when it starts)
     pending: object = None  # threading.Event of a re-check in flight that covers it (`Scheduler._owned`)
     lost: bool = False  # a re-check found it cancelled or reaped: it must not start
+    session: int = 0  # the claiming connection's session number (`Scheduler`): a claim made on
+    #                   an earlier session may have been lost with a server crash
 
 
 def pick(queue: str, limit: int, worker: str, ttl: float, *, gates=(), using=None, limiter=None,
-         window: int | None = None, stats: dict | None = None) -> list[Claimed]:
+         window: int | None = None, stats: dict | None = None, held: dict | None = None) -> list[Claimed]:
     """Claim up to `limit` runnable rows of `queue` for `worker`, leased for `ttl` seconds.
 
     Statements: 1 when nothing is claimed, else 1 to 3: the claim, then the inboxes and
@@ -72,9 +74,18 @@ def pick(queue: str, limit: int, worker: str, ttl: float, *, gates=(), using=Non
     window: claim up to this many rows (> limit) to move a throttled head out of the way
         in one pick; rows beyond `limit` that are not admitted limited rows go back with
         their eligible_at (in the same defer statement). stats: filled with {"denied": n, "claimed": n}.
+    held: {id: claim} of claims `worker` still holds that a server crash may have undone
+        (made on a connection that has since been lost). A claim commits without waiting
+        for the WAL flush, so after a crash such a row is runnable again with its older
+        counter; claiming it again would hand out the same counter twice, and the
+        earlier run's late outcome would pass the flush guard. Claimed again, it gets a
+        counter above the held one (docs/design.md#leases, "Claims across a crash").
     """
     scan = max(limit, window or 0)
-    params = {"queue": queue, "limit": scan, "worker": worker, "ttl": float(ttl), "gates": db.pg_array(gates)}
+    params = {"queue": queue, "limit": scan, "worker": worker, "ttl": float(ttl), "gates": db.pg_array(gates),
+              "held_ids": None, "held_claims": None}
+    if held:
+        params["held_ids"], params["held_claims"] = db.pg_array(list(held)), db.pg_array(list(held.values()))
     rows = None
     for attempt in range(CLAIM_ATTEMPTS):
         try:

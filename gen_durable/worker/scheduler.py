@@ -179,6 +179,10 @@ class Scheduler:
         # re-check: their start rate sizes the next re-check batch (`_recheck_limit`).
         self._rechecked_starts = 0
         self._recheck_mark = (time.monotonic(), 0)
+        # The feeder's connection session: numbered anew whenever its connection is new
+        # (a server crash ends every session). Claims made on an earlier session may have
+        # been lost with the crash: they go to the next pick as `held` (`_held_claims`).
+        self._session, self._session_conn, self._older_claims = 0, None, False
 
     # --- control -------------------------------------------------------------
     def start(self):
@@ -214,7 +218,8 @@ class Scheduler:
             time.sleep(0.02)
         # Buffered next steps of inline chains were in flight too: released (back at
         # their committed step) or, if that failed, left to their lease.
-        self.settle([j.id for j in buffered if getattr(j, "chain", None) is not None], completed=False)
+        chained = [j for j in buffered if getattr(j, "chain", None) is not None]
+        self.settle([j.id for j in chained], completed=False, claims=[j.claim for j in chained])
         waiting = len(self.in_flight)  # running, or ended and waiting for their outcome's commit
         if released or waiting:
             logger.info("queue %s: %s released; waiting up to %gs for %s", self.queue,
@@ -472,9 +477,12 @@ class Scheduler:
             started = time.perf_counter()
             stats: dict = {}
             window = max(demand, LIMITED_WINDOW) if self._throttled else None
+            held = self._held_claims()
             jobs = pick(self.queue, demand, self.worker_id, self.s.LEASE_TTL,
                         gates=self.limiter.gate_names(), using=self.using, limiter=self.limiter,
-                        window=window, stats=stats)
+                        window=window, stats=stats, held=held)
+            for job in jobs:
+                job.session = self._session
             # Widen the next claim only while denied rows dominate the head of the queue.
             denied = stats.get("denied", 0)
             self._throttled = denied > 0 and denied * 2 >= stats.get("claimed", 0)
@@ -506,6 +514,35 @@ class Scheduler:
                                                 "concurrency": self.concurrency, "prefetch": self.prefetch},
                        {"queue": self.queue})
         return claimed
+
+    def _held_claims(self) -> dict | None:
+        """{id: claim} of the claims we hold that a server crash may have undone, for pick.
+
+        A claim commits without waiting for the WAL flush (the feeder's connection has
+        synchronous_commit off), so a crash can lose it while its step runs here: the row
+        is runnable again with its older claim counter, and this worker, claiming it
+        again, would get the counter its first run holds — whose late outcome would then
+        pass the flush guard. A crash ends the session that made the claim, so only
+        claims made on an earlier session of the feeder's connection are suspect (all of
+        them behind a transaction pooler, which hides the server's restarts).
+        Normally none: one identity check per pick.
+        """
+        conn = django_connections[self.using or "default"]
+        conn.ensure_connection()
+        if conn.connection is not self._session_conn:
+            self._session_conn, self._older_claims = conn.connection, self._session > 0
+            self._session += 1
+        pooled = connections.pooled()
+        if not (self._older_claims or pooled):
+            return None
+        held: dict = {}
+        with self._lock:
+            for job in itertools.chain(self.buffer, self.in_flight.values()):
+                if pooled or job.session != self._session:
+                    held[job.id] = max(job.claim, held.get(job.id, job.claim))
+        # Claims only get newer: once none is left from an earlier session, none comes back.
+        self._older_claims = bool(held) and not pooled
+        return held or None
 
     def _dispatch_locked(self):
         """Start what may start now (called with the lock held, whenever rows or slots change).
@@ -581,7 +618,7 @@ class Scheduler:
         finally:
             if not submitted:
                 self.flusher.step_abandoned()
-                self.settle([job.id], completed=False)
+                self.settle([job.id], completed=False, claims=[job.claim])
             with self._lock:
                 self.running -= 1
                 self._tasks.pop(token, None)
@@ -681,7 +718,7 @@ class Scheduler:
                 finally:
                     if not submitted and not run.abandoned:
                         self.flusher.step_abandoned()
-                        self.settle([job.id], completed=False)
+                        self.settle([job.id], completed=False, claims=[job.claim])
                     owed = not run.abandoned
                     # Like a request boundary: drop a connection the step broke (errors and a
                     # failed health check close it; its age does not, for the engine's alias).
@@ -740,7 +777,7 @@ class Scheduler:
         gives its slot back at once."""
         if not job.prefetched or self._owned(job):
             return True
-        self.settle([job.id], completed=False)
+        self.settle([job.id], completed=False, claims=[job.claim])
         with self._lock:
             self.running -= 1
             self._runs.pop(threading.current_thread(), None)
@@ -1069,8 +1106,8 @@ class Scheduler:
             continued = any_async = 0
             for entry in entries:
                 job = in_flight.get(entry.id)
-                if job is None:
-                    continue
+                if job is None or job.claim != entry.claim:
+                    continue  # the row was claimed again meanwhile: the newer claim holds it
                 if entry.id not in committed:
                     del in_flight[entry.id]
                     self._wake.set()
@@ -1097,15 +1134,28 @@ class Scheduler:
             self.flusher.step_started()
             self.flusher.submit(requeue_entry(nxt))
 
-    def settle(self, ids, completed: bool = True) -> None:
+    def settle(self, ids, completed: bool = True, claims=None) -> None:
         """These rows left our hands: free their slots and wake the feeder to refill.
 
         Called by the flusher after a flush commits (or fails: the rows then stay
         executing until their lease lapses and the reaper returns them), so a whole
         batch frees its slots at once and the feeder claims one batch for it.
+        claims: each id's claim counter (the run that ended): a row this worker claimed
+        again meanwhile (after a cancel and retry, or a crash) is held by the newer
+        claim, which the older run's end must not drop from in_flight (nor from the
+        heartbeat with it).
         """
         with self._lock:
-            freed = sum(self.in_flight.pop(i, None) is not None for i in ids)
+            in_flight = self.in_flight
+            if claims is None:
+                freed = sum(in_flight.pop(i, None) is not None for i in ids)
+            else:
+                freed = 0
+                for i, claim in zip(ids, claims):
+                    job = in_flight.get(i)
+                    if job is not None and job.claim == claim:
+                        del in_flight[i]
+                        freed += 1
             if completed:
                 self.completed += freed
         if freed:

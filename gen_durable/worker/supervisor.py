@@ -180,11 +180,13 @@ class Supervisor:
     def _settle(self, entries, completed=True):
         by_queue: dict = {}
         for e in entries:
-            by_queue.setdefault(e.queue, []).append(e.id)
-        for q, ids in by_queue.items():
+            ids, claims = by_queue.setdefault(e.queue, ([], []))
+            ids.append(e.id)
+            claims.append(e.claim)
+        for q, (ids, claims) in by_queue.items():
             sched = self.schedulers.get(q)
             if sched is not None:
-                sched.settle(ids, completed=completed)
+                sched.settle(ids, completed=completed, claims=claims)
 
     def _on_commit(self, result, entries):
         # One pass over the batch (it runs on the flusher thread after every flush).

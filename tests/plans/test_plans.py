@@ -54,7 +54,7 @@ def index_scans(p):
     return {n.get("Index Name") for n in nodes(p) if "Index" in n["Node Type"]}
 
 
-PICK = {"queue": "q1", "limit": 50, "worker": "w", "ttl": 60.0, "gates": []}
+PICK = {"queue": "q1", "limit": 50, "worker": "w", "ttl": 60.0, "gates": [], "held_ids": None, "held_claims": None}
 
 
 def test_pick_rides_the_pick_index_and_stops_at_the_batch(scale):

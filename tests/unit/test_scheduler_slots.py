@@ -46,6 +46,26 @@ def test_settle_frees_a_whole_flushed_batch_and_wakes_the_feeder():
     assert sch.in_flight == {} and sch.completed == 2 and sch._wake.is_set()
 
 
+@pytest.mark.parametrize("by_claim", [True, False], ids=["by-claim", "control-by-id-only"])
+def test_an_older_runs_end_leaves_the_newer_claim_of_the_same_row_in_flight(by_claim):
+    """This worker claimed a row again (a cancel and retry, or a claim a crash undid)
+    while the older run was still in flight: that run's end frees its slot, and the
+    newer claim stays in flight — heartbeated, its chain continued. Settled by id alone
+    (control), the older run's end drops the newer claim, whose lease then lapses while
+    its step runs."""
+    sch = scheduler()
+    newer = SimpleNamespace(id=1, claim=8)
+    sch.in_flight = {1: newer}
+    if by_claim:
+        sch.settle([1], claims=[7])
+        assert sch.in_flight == {1: newer} and sch.held_ids() == [1] and sch.completed == 0
+        sch.settle([1], claims=[8])
+        assert sch.in_flight == {} and sch.completed == 1
+    else:
+        sch.settle([1])
+        assert sch.in_flight == {} and sch.held_ids() == []
+
+
 @pytest.mark.parametrize("locked", [True, False], ids=["run-lock", "control-no-lock"])
 def test_a_step_ending_while_the_watchdog_decides_is_finished_or_abandoned_never_both(monkeypatch, locked):
     """The watchdog saw the step active; before it marks it abandoned, the step returns.
