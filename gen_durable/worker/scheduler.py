@@ -527,7 +527,7 @@ class Scheduler:
         them behind a transaction pooler, which hides the server's restarts).
         Normally none: one identity check per pick.
         """
-        conn = django_connections[self.using or "default"]
+        conn = db.connection(self.using)
         conn.ensure_connection()
         if conn.connection is not self._session_conn:
             self._session_conn, self._older_claims = conn.connection, self._session > 0
