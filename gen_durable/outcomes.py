@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
+import traceback
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -126,6 +128,32 @@ def error_text(error: BaseException) -> str:
     message = safe_repr(error, str)
     text = clean_text(f"{name}: {message}" if message else name)
     return text if len(text) <= MAX_REASON_LENGTH else text[:MAX_REASON_LENGTH - 1] + "…"
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def format_traceback(error: BaseException) -> str:
+    """`traceback.format_exception(error)` without the engine's own outermost frames.
+
+    A step's traceback begins in the worker (the executor calling the step); those
+    frames say nothing about the failure, so each traceback of the chain (causes,
+    contexts, exception groups) starts at its first frame outside the gen_durable
+    package. One raised inside the engine itself, with no frame of user code, is kept
+    whole. May raise what `format_exception` raises (an exception whose __str__ raises)."""
+    top = traceback.TracebackException.from_exception(error)
+    todo, seen = [top], set()
+    while todo:
+        te = todo.pop()
+        if te is None or id(te) in seen:
+            continue
+        seen.add(id(te))
+        first = next((i for i, frame in enumerate(te.stack)
+                      if not os.path.abspath(frame.filename).startswith(_PACKAGE_DIR)), 0)
+        if first:
+            te.stack = traceback.StackSummary.from_list(te.stack[first:])
+        todo += [te.__cause__, te.__context__, *(getattr(te, "exceptions", None) or ())]
+    return "".join(top.format())
 
 
 def key_string(value, what: str):

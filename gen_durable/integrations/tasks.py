@@ -24,7 +24,6 @@ import fnmatch
 import inspect
 import threading
 from importlib.util import find_spec
-from traceback import format_exception
 from typing import Any, ClassVar
 
 from django.conf import settings as django_settings
@@ -38,7 +37,7 @@ from ..codec import clean_text, encode
 from ..conf import get_settings
 from ..exceptions import UnknownMachine
 from ..machine import MAX_BACKOFF, Machine, jittered, step
-from ..outcomes import Done, Retry, Stop, seconds
+from ..outcomes import Done, Retry, Stop, format_traceback, seconds
 
 if find_spec("django.tasks") is not None:  # Django >= 6.0
     from django.tasks import DEFAULT_TASK_BACKEND_ALIAS, task, task_backends
@@ -139,7 +138,7 @@ class TaskMachine(Machine):
 
     def handle(self, error, ctx):
         path = f"{type(error).__module__}.{type(error).__qualname__}"
-        trace = "".join(format_exception(error))
+        trace = format_traceback(error)
         if len(trace) > MAX_TRACEBACK:
             trace = "…(earlier lines cut)\n" + trace[-MAX_TRACEBACK:]
         self._gd_attempt_record = {"error": {"exception_class_path": path, "traceback": clean_text(trace)}}

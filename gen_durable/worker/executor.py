@@ -16,7 +16,6 @@ import functools
 import inspect
 import logging
 import time
-import traceback
 from dataclasses import dataclass, field
 
 from asgiref.sync import sync_to_async
@@ -102,7 +101,7 @@ def traceback_text(error: BaseException) -> str:
     MAX_TRACEBACK_LENGTH characters: a longer one keeps its head line and its tail (the
     innermost frames and the message), with a marker where it was cut. Never raises."""
     try:
-        text = "".join(traceback.format_exception(error))
+        text = _outcomes.format_traceback(error)
     except Exception:  # a __str__ that raises inside format_exception
         text = error_text(error) + "\n(traceback could not be formatted)"
     text = clean_text(text)

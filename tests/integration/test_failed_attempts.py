@@ -54,6 +54,9 @@ def test_the_row_keeps_the_last_traceback_with_file_and_line(queue_name):
     assert tb.startswith("Traceback (most recent call last):")
     assert "tests/durable_app/durable.py\", line " in tb and "in _nested" in tb
     assert tb.endswith("RuntimeError: smtp down\n")
+    # It starts at the step, not in the worker that called it.
+    assert tb.splitlines()[1].startswith('  File "') and "tests/durable_app/durable.py" in tb.splitlines()[1]
+    assert "gen_durable/worker" not in tb
     # Code reads it without the ORM: the Snapshot of get() and await_result() carries it.
     assert gd.get(id_).last_traceback == tb
     assert gd.await_result(id_, timeout=1).snapshot.last_traceback == tb

@@ -122,6 +122,7 @@ def test_an_exception_fails_the_task_with_its_class_path_and_traceback():
     assert error.exception_class_path == "builtins.ValueError" and error.exception_class is ValueError
     assert error.traceback.startswith("Traceback (most recent call last)")
     assert "ValueError: boom" in error.traceback and 'raise ValueError(message)' in error.traceback
+    assert "gen_durable/worker" not in error.traceback  # it starts at the task, not in the worker
     assert result.attempts == 1 and result.finished_at is not None
     with pytest.raises(ValueError, match="failed"):
         result.return_value

@@ -200,3 +200,53 @@ def test_outcomes_are_frozen():
 
 def test_the_six_outcomes_are_the_public_ones():
     assert OUTCOMES == (gd.Next, gd.Retry, gd.Await, gd.ScheduleChildren, gd.Done, gd.Stop)
+
+
+_ENGINE_SOURCE = '''
+def run(step):
+    try:
+        step()
+    except Exception as error:
+        return error
+
+def fail():
+    raise LookupError("inside the engine")
+'''
+
+
+def _engine_frames():
+    """Functions whose frames are the engine's: compiled under a file name in the package."""
+    import os
+
+    from gen_durable import outcomes
+
+    namespace = {}
+    exec(compile(_ENGINE_SOURCE, os.path.join(outcomes._PACKAGE_DIR, "worker", "engine_frames.py"), "exec"), namespace)
+    return namespace["run"], namespace["fail"]
+
+
+def test_a_step_traceback_starts_at_the_step_not_in_the_worker():
+    from gen_durable.outcomes import format_traceback
+
+    run, _fail = _engine_frames()
+
+    def charge():
+        try:
+            {}["card"]
+        except KeyError as missing:
+            raise ValueError("declined") from missing
+
+    text = format_traceback(run(charge))
+    assert "engine_frames.py" not in text
+    assert text.count("Traceback (most recent call last):") == 2  # the cause is kept
+    lines = text.splitlines()
+    assert "in charge" in lines[-3] and lines[-1] == "ValueError: declined"
+    assert "The above exception was the direct cause" in text and "KeyError: 'card'" in text
+
+
+def test_an_error_raised_inside_the_engine_keeps_every_frame():
+    from gen_durable.outcomes import format_traceback
+
+    run, fail = _engine_frames()
+    text = format_traceback(run(fail))
+    assert text.count("engine_frames.py") == 2 and "in fail" in text and "in run" in text
