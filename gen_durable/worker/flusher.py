@@ -232,7 +232,11 @@ def flush(entries, using=None, limiter=None, alone=False, history=None) -> Flush
     if history or (history is None and history_enabled()):
         write_history(entries, result.committed, using)
     if limiter is not None and not limiter.transactional:
+        # A stale outcome's admission ended too: its slot names that admission alone (a
+        # reap credits the claimant's members, a crash that undid the claim credits
+        # nothing), so it is given back here; a newer admission of the row keeps its own.
         slots = _credited(e for e in entries if e.id in result.committed)
+        slots += [e.slot for e in entries if e.slot is not None and e.id not in result.committed]
         if slots:
             try:
                 limiter.credit(slots)

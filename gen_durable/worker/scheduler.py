@@ -118,9 +118,11 @@ class TimedOut:
     def __init__(self, job, timeout, elapsed):
         self.job, self.timeout, self.elapsed = job, timeout, elapsed
 
-    @property
-    def id(self):
-        return self.job.id
+    # What the feeder and the heartbeat read of a held row: the abandoned run's claim.
+    id = property(lambda self: self.job.id)
+    claim = property(lambda self: self.job.claim)
+    session = property(lambda self: self.job.session)
+    slot = property(lambda self: self.job.slot)
 
 
 class Scheduler:
@@ -287,12 +289,15 @@ class Scheduler:
     # --- state ------------------------------------------------------------------
     def held_ids(self) -> list[int]:
         """Rows to heartbeat: buffered and in flight, less steps running past their
-        timeout — a hung step's lease is never renewed past it, whatever else fails."""
+        timeout — a hung step's lease is never renewed past it, whatever else fails.
+        A hung run is matched by (id, claim): a newer claim of the same row (this worker
+        claimed it again after a crash undid the first claim) is heartbeated."""
         now = time.monotonic()
         with self._lock:
-            over = {r.job.id for r in self._runs.values()
+            over = {(r.job.id, r.job.claim) for r in self._runs.values()
                     if r.active and past_deadline(r.started, r.timeout, now)}
-            return sorted(({j.id for j in self.buffer} | set(self.in_flight)) - over)
+            held = itertools.chain(self.buffer, self.in_flight.values())
+            return sorted({j.id for j in held if (j.id, j.claim) not in over})
 
     def held_slots(self) -> list:
         """(id, gate slot) of the rows this scheduler holds (buffered or running)."""
@@ -672,6 +677,12 @@ class Scheduler:
                         continue
                     task = job if isinstance(job, TimedOut) else None
                     job = task.job if task else job
+                    newer = task and self.in_flight.get(job.id)
+                    if newer and newer.claim != job.claim:
+                        # This worker claimed the row again meanwhile (after a crash undid
+                        # the hung run's claim): the newer claim holds it, and the hung
+                        # run's StepTimeout outcome would be stale. Drop the task.
+                        continue
                     self._take_locked(job)
                     run = self._runs[me] = Run(job, handling=task is not None)
                     if not self.buffer:

@@ -110,7 +110,7 @@ def test_max_step_seconds_bounds_a_step_without_its_own_timeout(engine, queue_na
 
 def test_heartbeat_stops_renewing_a_step_past_its_timeout():
     class Job:
-        id = 7
+        id, claim = 7, 1
 
     sched = Scheduler("q", 1, worker_id="w", prefix="p", flusher=None, limiter=None,
                       settings=__import__("gen_durable.conf", fromlist=["x"]).get_settings())

@@ -292,3 +292,43 @@ def test_an_unreachable_redis_limiter_holds_back_only_the_limited_rows(engine, s
     finally:
         server.terminate()
         server.wait(10)
+
+
+def test_redis_a_stale_outcomes_slot_is_given_back_when_a_crash_undid_its_claim(redis_limiter, queue_name):
+    """A claim committed without waiting for the WAL flush can be undone by a server
+    crash while its step runs (docs/design.md, "Claims across a crash"). Its Redis slot
+    is no Postgres row: the crash leaves it, and no reap credits it (the row is not
+    claimed). The step's outcome, stale when it arrives, gives the slot back; before, it
+    stayed until its lease lapsed and the gate admitted one fewer meanwhile."""
+    limiter = redis_limiter(gates={"api": {"limit": 1}})
+    (first_id, _) = insert(queue_name, 2, concurrency_key="api")
+    (job,) = pick(limiter, queue_name)
+    assert job.id == first_id and job.slot is not None
+    with connection.cursor() as cur:  # what the crash leaves: the row as it was before the claim
+        cur.execute("UPDATE gen_durable SET status = 'runnable', locked_by = NULL, lease_expires_at = NULL, "
+                    "claim = claim - 1 WHERE id = %s", [job.id])
+    collapse(queue_name)
+    assert pick(limiter, queue_name) == []  # the undone claim's slot still fills the gate
+    result = finish(limiter, [job])
+    assert result.committed == {} and [e.id for e in result.stale] == [job.id]
+    collapse(queue_name)
+    assert [j.id for j in pick(limiter, queue_name)] == [first_id]  # admitted again at once
+
+
+def test_redis_a_stale_outcomes_credit_leaves_the_newer_admission_of_its_row_held(redis_limiter, queue_name):
+    """The same worker claimed and admitted the row again before the stale outcome came:
+    the credit removes the first admission's member only (a member names its admission)."""
+    limiter = redis_limiter(gates={"api": {"limit": 2}})
+    a, b, c = insert(queue_name, 3, concurrency_key="api")
+    (first,) = pick(limiter, queue_name, n=1)
+    with connection.cursor() as cur:
+        cur.execute("UPDATE gen_durable SET status = 'runnable', locked_by = NULL, lease_expires_at = NULL, "
+                    "claim = claim - 1 WHERE id = %s", [a])
+    (second,) = pick(limiter, queue_name, n=1, held={a: first.claim})  # as the feeder does after a crash
+    assert (first.id, second.id) == (a, a) and second.claim > first.claim and second.slot != first.slot
+    assert finish(limiter, [first]).committed == {}
+    collapse(queue_name)
+    assert [j.id for j in pick(limiter, queue_name)] == [b]  # one slot came back; `second` holds the other
+    collapse(queue_name)
+    assert pick(limiter, queue_name) == []
+    assert finish(limiter, [second]).committed == {a: "done"}

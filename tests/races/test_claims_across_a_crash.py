@@ -14,6 +14,9 @@ image before the claim, the feeder's session ended); tests/faults/test_claim_los
 shows the same loss on a real crash of a cluster of its own.
 """
 
+import dataclasses
+import threading
+
 import pytest
 from django.db import connection
 
@@ -24,7 +27,8 @@ from gen_durable.models import Instance
 from gen_durable.outcomes import Next
 from gen_durable.worker import executor
 from gen_durable.worker.flusher import flush
-from gen_durable.worker.scheduler import Scheduler
+from gen_durable.worker.scheduler import Scheduler, TimedOut
+from tests.conftest import wait_until
 from tests.durable_app.durable import Counter
 
 WORKER = "crash-claims-worker"
@@ -115,3 +119,75 @@ def test_behind_a_transaction_pooler_every_held_claim_is_sent(committed, queue_n
     job = sch.buffer[0]
     settings.GEN_DURABLE = {**getattr(settings, "GEN_DURABLE", {}), "POOLER": "transaction"}
     assert sch._held_claims() == {job.id: job.claim}
+
+
+@pytest.mark.parametrize("how", ["after-reconnect", "pooled"])
+def test_a_timed_out_rows_handle_task_in_the_buffer_is_a_held_claim(committed, queue_name, settings, how):
+    """handle(StepTimeout) of an abandoned step waits in the buffer as a TimedOut task;
+    the pick's held claims read its row's claim (they failed the pick on its attributes)."""
+    gd.insert(Counter, state={"target": 3}, queue=queue_name)
+    sch = _feeder(queue_name)
+    assert sch.run_once() == 1
+    job = sch.buffer.popleft()
+    sch.buffer.append(TimedOut(job, 1.0, 2.0))
+    if how == "pooled":
+        settings.GEN_DURABLE = {**getattr(settings, "GEN_DURABLE", {}), "POOLER": "transaction"}
+    else:
+        connection.close()
+    assert sch._held_claims() == {job.id: job.claim}
+    assert sch.run_once() == 0  # the pick runs (nothing more to claim)
+
+
+class _Flusher:
+    """The flusher's side of a step thread, recorded (no flush runs)."""
+
+    def __init__(self):
+        self.submitted = []
+
+    def step_started(self):
+        pass
+
+    def step_abandoned(self):
+        pass
+
+    def submit(self, entry):
+        self.submitted.append(entry)
+
+
+@pytest.mark.parametrize("claimed_again", [True, False], ids=["newer-claim-in-flight", "control-same-claim"])
+def test_a_hung_runs_timeout_task_is_dropped_once_this_worker_claimed_the_row_again(
+        committed, queue_name, claimed_again):
+    """A step hangs past its timeout after a crash undid its claim, and this worker has
+    claimed the row again: the hung run's handle(StepTimeout) task is for a claim no
+    longer held (its outcome would be stale). It is dropped, and the newer claim stays
+    in flight. Before, taking it replaced the newer claim in flight, so that claim's end
+    freed nothing and its inline chain was dropped. Control: the same claim still in
+    flight, handle(StepTimeout) runs and its outcome goes to the flusher."""
+    id_ = gd.insert(Counter, state={"target": 3}, queue=queue_name)
+    sch = _feeder(queue_name)
+    sch.flusher = _Flusher()
+    assert sch.run_once() == 1
+    hung = sch.buffer.popleft()
+    newer = dataclasses.replace(hung, claim=hung.claim + 1) if claimed_again else hung
+    sch.in_flight = {id_: newer}
+    sch.buffer.append(TimedOut(hung, 1.0, 5.0))
+    thread = threading.Thread(target=sch._step_loop, daemon=True)
+    with sch._lock:
+        sch._threads += 1
+    thread.start()
+    try:
+        if claimed_again:
+            wait_until(lambda: not sch.buffer and sch._idle_threads == 1, what="the task to be taken")
+            with sch._lock:
+                assert (sch.running, sch.in_flight) == (0, {id_: newer})
+            assert sch.flusher.submitted == []
+        else:
+            wait_until(lambda: sch.flusher.submitted, what="handle(StepTimeout)'s outcome")
+            [entry] = sch.flusher.submitted
+            assert (entry.id, entry.claim, entry.kind) == (id_, hung.claim, "stop")
+    finally:
+        with sch._lock:
+            sch._stop_steps = True
+            sch._lock.notify_all()
+        thread.join(10)
+    assert not thread.is_alive()

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from gen_durable.conf import get_settings
-from gen_durable.worker.scheduler import Scheduler
+from gen_durable.worker.scheduler import Run, Scheduler, TimedOut
 
 
 def scheduler(concurrency=4, prefetch=0, max_batch=3):
@@ -249,3 +249,24 @@ def test_a_fresh_prefetched_async_row_starts_without_the_sync_thread_hop(monkeyp
     assert async_start(monkeypatch, checked_ago=0.0) == 0
     assert async_start(monkeypatch, checked_ago=mod.RECHECK_FRESH * 4) == 1  # stale: re-checked
     assert async_start(monkeypatch, checked_ago=0.0, lost=True) == 1  # dropped: `_owned` says so
+
+
+def _hung(sch, job):
+    """A step of `job` running past its timeout (a thread that never returned)."""
+    run = Run(job)
+    run.started, run.timeout, run.active = time.monotonic() - 100, 1.0, True
+    sch._runs[object()] = run
+    return run
+
+
+@pytest.mark.parametrize("claimed_again", [True, False], ids=["newer-claim", "control-the-hung-claim"])
+def test_a_hung_run_keeps_only_its_own_claim_out_of_the_heartbeat(claimed_again):
+    """A hung step's lease is never renewed. When this worker claimed the row again (a
+    crash undid the hung run's claim), the newer claim is heartbeated: matched by id
+    alone it was not, and its lease lapsed every LEASE_TTL while its step ran."""
+    sch = scheduler()
+    hung = SimpleNamespace(id=1, claim=7)
+    _hung(sch, hung)
+    sch.in_flight = {1: SimpleNamespace(id=1, claim=8) if claimed_again else hung, 2: SimpleNamespace(id=2, claim=1)}
+    sch.buffer.append(TimedOut(hung, 1.0, 100.0))  # the hung run's handle(StepTimeout), waiting
+    assert sch.held_ids() == ([1, 2] if claimed_again else [2])
