@@ -321,7 +321,7 @@ def check_schedules(app_configs=None, **kwargs):
     errors, seen = [], {}
     for name, cfg, where in declared():
         for problem in validate(name, cfg, where):
-            errors.append(Error(problem + ".", hint='Keys: cron, machine, state, timezone, catch_up ("skip" or '
+            errors.append(Error(problem if problem.endswith(("?", ".")) else problem + ".", hint='Keys: cron, machine, state, timezone, catch_up ("skip" or '
                                                     '"latest"); see docs/guide.md "Time".', id=ID + "E021"))
         if name in seen:
             errors.append(Error(f"Schedule {name!r} is declared twice ({seen[name]} and {where}).",
@@ -803,3 +803,97 @@ def check_unknown_machines(app_configs=None, databases=None, **kwargs):
                  "live rows per machine/version/step (docs/guide.md, \"Deploying\").",
             id=ID + "W060"))
     return out
+
+
+# The outcomes that name a step of their own machine: (class, positional index, keyword).
+def _step_naming_outcomes():
+    from .outcomes import Await, Next, ScheduleChildren
+
+    return {Next: (0, "step"), Await: (1, "next"), ScheduleChildren: (0, "next")}
+
+
+def _resolve(node, namespace):
+    """The object a call's `Name` or `module.Name` refers to in the function's globals."""
+    import ast
+
+    if isinstance(node, ast.Name):
+        return namespace.get(node.id)
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+        return getattr(namespace.get(node.value.id), node.attr, None)
+    return None
+
+
+def outcome_step_names(func):
+    """[(outcome class name, step name, line)] for each `Next("...")`, `Await(..., next="...")`
+    and `ScheduleChildren(next="...")` in `func`'s source whose step is a string literal.
+
+    Read from the source (`inspect.getsource` + `ast`); a function without source, or an
+    outcome class neither the function's globals nor its closure name, yields nothing."""
+    import ast
+    import inspect
+    import textwrap
+
+    func = inspect.unwrap(func)
+    try:
+        lines, first = inspect.getsourcelines(func)
+        tree = ast.parse(textwrap.dedent("".join(lines)))
+    except (OSError, TypeError, SyntaxError):
+        return []
+    try:  # the names the code sees: its globals, and its closure's (a machine declared in a function)
+        seen = inspect.getclosurevars(func)
+        namespace = {**seen.globals, **seen.nonlocals}
+    except (TypeError, ValueError):
+        namespace = getattr(func, "__globals__", {})
+    known = _step_naming_outcomes()
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        outcome = _resolve(node.func, namespace)
+        if outcome not in known:
+            continue
+        index, keyword = known[outcome]
+        arg = next((k.value for k in node.keywords if k.arg == keyword),
+                   node.args[index] if len(node.args) > index else None)
+        if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+            found.append((outcome.__name__, arg.value, first + node.lineno - 1))
+    return found
+
+
+@register(Tags.compatibility)
+def check_outcome_steps(app_configs=None, **kwargs):
+    """E120: a step or handle() whose code returns `Next("name")` (or `Await(next=)`,
+    `ScheduleChildren(next=)`) with a literal step name its machine does not have.
+
+    Found when the line runs, it fails the instance; read from the source here, it is a
+    typo caught before the first row reaches it (names built at run time are not seen)."""
+    import inspect
+
+    from . import registry
+    from .machine import Machine
+
+    errors, seen = [], set()
+    for (name, _version), cls in sorted(registry.all_machines().items()):
+        if cls in seen:
+            continue
+        seen.add(cls)
+        methods = dict.fromkeys(cls.steps.values())
+        if getattr(cls, "handle", None) is not getattr(Machine, "handle", None):
+            methods["handle"] = None
+        for attr in methods:
+            func = inspect.getattr_static(cls, attr, None)
+            func = getattr(func, "__func__", func)
+            if not callable(func):
+                continue
+            for outcome, step, line in outcome_step_names(func):
+                if step in cls.steps:
+                    continue
+                close = difflib.get_close_matches(step, sorted(cls.steps), n=1)
+                where = f"{inspect.getsourcefile(func) or '?'}:{line}"
+                errors.append(Error(
+                    f"{name}.{attr} returns {outcome}({step!r}) ({where}), but {name} has no step {step!r}"
+                    + (f"; did you mean {close[0]!r}?" if close else "."),
+                    hint=f"Its steps are {sorted(cls.steps)}; the instance would fail when that line runs "
+                         "(a renamed step keeps its old name in `step_aliases`).",
+                    obj=cls, id=ID + "E120"))
+    return errors

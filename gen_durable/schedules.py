@@ -166,10 +166,10 @@ def validate(name, cfg, where: str) -> list[str]:
             registry.latest(machine)
         except UnknownMachine:
             known = sorted({name for name, _version in registry.all_machines()})
-            close = difflib.get_close_matches(machine, known, n=3, cutoff=0.3)
+            close = difflib.get_close_matches(machine, known, n=1)
             problems.append(f"{where}: unknown machine {machine!r} — a machine's name is "
                             "'<module>.<QualName>' (e.g. 'shop.durable.Checkout') unless its class sets `name`"
-                            + (f"; did you mean {' or '.join(map(repr, close))}?" if close else
+                            + (f"; did you mean {close[0]!r}?" if close else
                                "; is its durable.py in an installed app?"))
     tz = cfg.get("timezone", default_timezone())
     if not _known_timezone(tz):

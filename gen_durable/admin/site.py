@@ -297,6 +297,13 @@ class InstanceAdmin(admin.ModelAdmin):
     def get_readonly_fields(self, request, obj=None):
         return [f for fs in self.fieldsets for f in fs[1]["fields"]]
 
+    def get_fieldsets(self, request, obj=None):
+        if obj is not None and obj.attempt_log:
+            return self.fieldsets
+        # Only a Django task's row keeps an attempt log: no empty field beside the timeline.
+        return tuple((name, {**opts, "fields": tuple(f for f in opts["fields"] if f != "attempt_log_pretty")})
+                     for name, opts in self.fieldsets)
+
     def has_add_permission(self, request):
         return False  # gd.insert validates against the machine; the admin form could not
 

@@ -318,6 +318,9 @@ def test_a_django_task_row_shows_its_function_path_and_attempt_log(admin_client,
     assert "shop.tasks.send_receipt_copy" in listing
     detail = admin_client.get(_change(row.id)).content.decode()
     assert "SMTPError: down" in detail and "Attempt log" in detail
+    # A machine's row keeps no attempt log (its timeline has the attempts): no empty field.
+    machine_row = InstanceFactory(queue=queue_name, status="failed", last_error="RuntimeError: x")
+    assert "Attempt log" not in admin_client.get(_change(machine_row.id)).content.decode()
 
 
 def test_detail_flags_a_weight_above_the_burst_of_a_rate_limit_lowered_after_insert(

@@ -5,7 +5,9 @@ exact list of messages, as Django's own check tests do. No database is touched: 
 checks read settings only.
 """
 
+import contextlib
 import copy
+import inspect
 
 import pytest
 from django.conf import settings
@@ -561,7 +563,7 @@ def test_an_unknown_schedule_machine_suggests_a_registered_name():
     with override_settings(GEN_DURABLE={"SCHEDULES": {"tick": {"cron": "0 3 * * *", "machine": "tests.Countr"}}}):
         [message] = checks.check_schedules()
     assert "unknown machine 'tests.Countr'" in message.msg
-    assert "did you mean 'tests.Counter'" in message.msg
+    assert message.msg.endswith("did you mean 'tests.Counter'?")  # the one closest name, no "?."
 
 
 @pytest.mark.django_db
@@ -664,3 +666,74 @@ def test_an_unserved_queue_is_counted_only_up_to_the_cap(monkeypatch):
     assert found["stranded-q"][1] in ids
     assert found["stranded-r"] == (1, few)
     assert checks.describe_stranded([("stranded-q", *found["stranded-q"])], 3).startswith("stranded-q (3+ rows, e.g. id ")
+
+
+@contextlib.contextmanager
+def _registered_for_the_test(*names):
+    """Machines a test declares, taken out of the process-wide registry afterwards (other
+    tests run `manage.py check`, which would report them)."""
+    from gen_durable import registry
+
+    try:
+        yield
+    finally:
+        for name in names:
+            registry._machines.pop((name, 1), None)
+            registry._known = None
+
+
+def test_a_literal_step_name_no_step_of_its_machine_has_is_e120_naming_the_line():
+    import gen_durable as gd
+    from gen_durable import outcomes
+
+    with _registered_for_the_test("tests.e120.Order"):
+        class Order(gd.Machine):
+            name = "tests.e120.Order"
+
+            @gd.step
+            def start(self, ctx):
+                if ctx.state.get("wait"):
+                    return gd.Await("paid", next="finsh", timeout=60)
+                return outcomes.Next("chrage")  # the module.Name form resolves too
+
+            @gd.step
+            def charge(self, ctx):
+                return gd.Next(ctx.state["to"])  # built at run time: not seen
+
+            @gd.step
+            def finish(self, ctx):
+                return gd.Next("charge")  # a step it has: fine
+
+            def handle(self, error, ctx):
+                return gd.ScheduleChildren(next="finnish", children=[])
+
+        errors = [e for e in checks.check_outcome_steps() if e.obj is Order]
+    assert [e.id for e in errors] == ["gen_durable.E120"] * 3
+    messages = sorted(e.msg for e in errors)
+    assert messages[0].startswith("tests.e120.Order.handle returns ScheduleChildren('finnish') (")
+    assert messages[0].endswith("but tests.e120.Order has no step 'finnish'; did you mean 'finish'?")
+    assert "tests.e120.Order.start returns Await('finsh')" in messages[1] and "did you mean 'finish'?" in messages[1]
+    assert "tests.e120.Order.start returns Next('chrage')" in messages[2] and "did you mean 'charge'?" in messages[2]
+    line = inspect.getsourcelines(Order.start)[1] + 4  # from its decorator line
+    assert f"tests/unit/test_checks.py:{line})" in messages[2]
+
+
+def test_an_outcome_class_of_another_library_named_next_is_not_e120():
+    import gen_durable as gd
+
+    class Next:  # not gen_durable's: its argument is no step name
+        def __init__(self, page):
+            self.page = page
+
+    with _registered_for_the_test("tests.e120.Pager"):
+        class Pager(gd.Machine):
+            name = "tests.e120.Pager"
+
+            @gd.step
+            def start(self, ctx):
+                Next("page-2")
+                return gd.Done()
+
+        assert [e for e in checks.check_outcome_steps() if e.obj is Pager] == []
+    # A name the function's globals do not know at all is not guessed at either.
+    assert checks.outcome_step_names(lambda: Undefined("x")) == []  # noqa: F821
