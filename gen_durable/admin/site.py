@@ -31,7 +31,7 @@ from ..outcomes import MAX_NAME_LENGTH, MAX_REASON_LENGTH
 from ..statuses import Status
 from . import overview
 from .paging import CAP, EstimatedCountPaginator
-from .timeline import compact_time
+from .timeline import compact_time, full_time
 
 INLINE_LIMIT = 20  # newest inbox rows / children shown on the detail page
 MAX_ACTION_ROWS = 1000  # one action confirms and applies at most this many instances
@@ -282,16 +282,25 @@ class InstanceAdmin(admin.ModelAdmin):
     change_list_template = "admin/gen_durable/instance/change_list.html"
     fieldsets = (
         (None, {"fields": ("id", "machine", "fsm_version", "step", "status", "queue", "priority", "attempt",
-                           "eligible_at", "correlation_key", "inserted_at", "updated_at", "running")}),
+                           "eligible_at_full", "correlation_key", "inserted_at_full", "updated_at_full",
+                           "running")}),
         ("State and outcome", {"fields": ("state_pretty", "result_pretty", "last_error_pretty",
                                           "last_traceback_pretty", "attempt_log_pretty")}),
         ("Timeline (newest first)", {"fields": ("timeline",)}),
-        ("Lease", {"fields": ("locked_by", "lease_expires_at")}),
-        ("Waiting", {"fields": ("awaits", "await_deadline", "parent_link", "children_pending")}),
+        ("Lease", {"fields": ("locked_by", "lease_expires_at_full")}),
+        ("Waiting", {"fields": ("awaits", "await_deadline_full", "parent_link", "children_pending")}),
         ("Limits", {"fields": ("concurrency_key_info", "concurrency_shard", "rate_limit_info", "weight")}),
         ("Inbox", {"fields": ("inbox",)}),
         ("Children", {"fields": ("children_list",)}),
     )
+
+    # Whole timestamps, to the second, in the current time zone (Django's default format
+    # for a read-only field stops at the minute: "Dec. 7, 2026, 9:35 a.m.").
+    eligible_at_full = full_time("eligible_at")
+    inserted_at_full = full_time("inserted_at")
+    updated_at_full = full_time("updated_at")
+    lease_expires_at_full = full_time("lease_expires_at")
+    await_deadline_full = full_time("await_deadline")
 
     # --- read-only everywhere ----------------------------------------------------------
     def get_readonly_fields(self, request, obj=None):

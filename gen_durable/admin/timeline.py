@@ -73,6 +73,19 @@ def compact_time(value, timespec: str = "seconds") -> str:
                        local.strftime("%m-%d %H:%M:%S"))
 
 
+def full_time(field: str):
+    """A read-only admin display of datetime `field`: `YYYY-MM-DD HH:MM:SS±HH:MM` in the
+    current time zone, "—" for None; labelled as the model field is."""
+    from django.contrib import admin
+
+    def show(self, obj):
+        value = getattr(obj, field)
+        return "—" if value is None else timezone.localtime(value).isoformat(sep=" ", timespec="seconds")
+
+    show.__name__ = f"{field}_full"
+    return admin.display(description=field.replace("_", " "), ordering=field)(show)
+
+
 def _time(value) -> str:
     return compact_time(value, timespec="milliseconds")
 

@@ -10,6 +10,7 @@ from django.contrib.auth.models import Permission, User
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
+from django.utils import timezone
 
 import gen_durable as gd
 from gen_durable.admin.paging import CAP, EstimatedCountPaginator
@@ -138,7 +139,11 @@ def test_detail_pretty_prints_and_links_parent_children_lease_and_await(admin_cl
     assert f'<a href="{_change(parent)}">#{parent}</a>' in kid_page
 
     running = ExecutingFactory(queue=queue_name, locked_by="host:q:tok")
-    assert "host:q:tok" in admin_client.get(_change(running.id)).content.decode()
+    page = admin_client.get(_change(running.id)).content.decode()
+    assert "host:q:tok" in page
+    # Timestamps to the second, as the list shows them (not Django's "9:35 a.m.").
+    lease = timezone.localtime(Instance.objects.get(id=running.id).lease_expires_at)
+    assert lease.isoformat(sep=" ", timespec="seconds") in page and "Lease expires at" in page
     parked = gd.insert(Recorder, state={"names": ["go"], "timeout": 600}, queue=queue_name)
     drain(queue=queue_name)
     page = admin_client.get(_change(parked)).content.decode()
