@@ -152,6 +152,7 @@ class Supervisor:
         self._stop_signal = None  # the signal that asked this worker to stop (logged as it stops)
         self._stop_reason = None  # or why another part of the process asked it to
         self._roles = []
+        self._unserved_logged: set = set()  # queues whose stranded rows were logged (`_warn_of_unserved_queues`)
         self.listener = None
         # Await deadlines and scheduled rows fire on time, reaper or not (docs/guide.md "Time").
         # Cron schedules: every worker process may fire them; the database lets one per tick.
@@ -318,7 +319,7 @@ class Supervisor:
             self._roles.append(self._tag(self.timer).start())
         if self.config.reaper and self.s.REAPER:
             self._roles.append(self._tag(Periodic("reaper", self.s.REAPER["INTERVAL"],
-                                                  lambda: reaper_sweep(self.using, self.limiter), self.using)).start())
+                                                  self._reaper_tick, self.using)).start())
         if self.config.gc and self.s.GC:
             self._roles.append(self._tag(Periodic("gc", self.s.GC["INTERVAL"], make_gc_sweep(
                 self.s.GC["RETENTION"], self.s.GC["BATCH"], self.limiter, self.using,
@@ -340,15 +341,31 @@ class Supervisor:
             if unknown:
                 logger.warning("rows name rate limits that GEN_DURABLE['RATE_LIMITS'] lacks: %s; they stay "
                                "runnable and are never admitted until configured", describe_stranded(unknown))
-            served = set(self.schedulers) | set(self.s.QUEUES if isinstance(self.s.QUEUES, dict) else ())
-            waiting = unserved_queues(served, self.using)
-            if waiting:
-                logger.warning("runnable rows wait in queues that neither this worker nor "
-                               "GEN_DURABLE['QUEUES'] serves: %s (a misspelt queue= at insert? "
-                               "`manage.py check --database %s` reports them as W006)",
-                               describe_stranded(waiting, QUEUE_SAMPLE_CAP), database_alias(self.using))
+            self._warn_of_unserved_queues()
         except Exception as exc:  # visibility only
             logger.warning("could not check for rows that nothing will run: %s", exc)
+
+    def _warn_of_unserved_queues(self):
+        """Log the queues with runnable rows that neither this worker nor QUEUES serves,
+        each once while it stays so (at start-up, then with every reaper sweep: rows a
+        machine's misspelt `queue` sends there after the start are reported too).
+        Statements: 1 (+1 when a queue is unserved). Raises DatabaseError."""
+        served = set(self.schedulers) | set(self.s.QUEUES if isinstance(self.s.QUEUES, dict) else ())
+        waiting = unserved_queues(served, self.using)
+        new = [w for w in waiting if w[0] not in self._unserved_logged]
+        self._unserved_logged = {w[0] for w in waiting}
+        if new:
+            logger.warning("runnable rows wait in queues that neither this worker nor "
+                           "GEN_DURABLE['QUEUES'] serves: %s (a misspelt queue on a machine or at insert? "
+                           "`manage.py check --database %s` reports them as W006)",
+                           describe_stranded(new, QUEUE_SAMPLE_CAP), database_alias(self.using))
+
+    def _reaper_tick(self):
+        reaper_sweep(self.using, self.limiter)
+        try:
+            self._warn_of_unserved_queues()
+        except Exception as exc:  # visibility only: the sweep itself succeeded
+            logger.debug("could not check for queues no one serves: %s", exc)
 
     def _tag(self, role):
         """Our token joins the application_name of the role's connection (pg_stat_activity)."""

@@ -328,3 +328,36 @@ def test_a_supervised_child_skips_the_checks_its_parent_ran_and_a_restarted_one_
         ran.clear()
         call_command(*base, *extra, skip_checks=False, verbosity=0)
         assert ran == expected, extra
+
+
+def test_a_running_worker_warns_of_rows_that_arrive_later_in_a_queue_no_one_serves(engine, settings, queue_name,
+                                                                                   caplog):
+    """A machine with a misspelt `queue` accepts inserts (the machine declares it); the
+    rows inserted after the workers started are reported by the next reaper sweep, once
+    per queue while it stays unserved — not only at a worker's start-up."""
+    from tests.factories import InstanceFactory
+
+    settings.GEN_DURABLE = {**settings.GEN_DURABLE, "REAPER": {"INTERVAL": 0.2}}
+    stray_queue = f"{queue_name}-emial"
+
+    def warnings():
+        return [r.getMessage() for r in caplog.records
+                if "neither this worker nor" in r.getMessage() and stray_queue in r.getMessage()]
+
+    def sweeps(reaper, n):
+        """Wait until `n` more reaper sweeps have ended (each one's start is its last_ok)."""
+        for _ in range(n):
+            mark = reaper.last_ok
+            wait_until(lambda: reaper.last_ok > mark, what="a reaper sweep")
+
+    with caplog.at_level("WARNING", "gen_durable"):
+        sup = engine({queue_name: 1}, gc=False)
+        reaper = next(r for r in sup._roles if getattr(r, "name", None) == "reaper")
+        sweeps(reaper, 2)  # nothing stranded: nothing logged
+        assert warnings() == []
+        stray = InstanceFactory(fsm="tests.Counter", state={"target": 1}, queue=stray_queue).id
+        sweeps(reaper, 2)
+        assert len(warnings()) == 1 and f"{stray_queue} (1 row, e.g. id {stray})" in warnings()[0]
+        sweeps(reaper, 3)  # the same queue is not logged again while it stays unserved
+        assert len(warnings()) == 1
+    Instance.objects.filter(id=stray).delete()
