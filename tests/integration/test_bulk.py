@@ -140,6 +140,10 @@ def test_the_command_notes_a_machine_name_nobody_registers_and_keeps_working(que
     call_command("durable_bulk", "retry", "--queue", queue_name, "--machine", "tests.Plain", "--dry-run",
                  stdout=StringIO(), stderr=err)
     assert err.getvalue() == ""  # a registered one: no note
+    err = StringIO()
+    call_command("durable_bulk", "retry", "--queue", queue_name, "--machine", "tests.Plian", "--dry-run",
+                 stdout=StringIO(), stderr=err)
+    assert "no registered machine is named 'tests.Plian' (did you mean 'tests.Plain'?)" in err.getvalue()
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+
 from django.core.management.base import BaseCommand, CommandError
 
 from gen_durable import bulk, calls, registry
@@ -42,11 +44,14 @@ class Command(BaseCommand):
         if status is None:
             status = {"cancel": None, "retry": "failed", "move": None}[op]
 
-        if o["machine"] and o["machine"] not in {name for name, _version in registry.all_machines()}:
+        known = sorted({name for name, _version in registry.all_machines()})
+        if o["machine"] and o["machine"] not in known:
             # Not an error: the rows of a retired machine (no longer registered) still
             # match by name; but a typo would silently match nothing.
-            self.stderr.write(f"note: no registered machine is named {o['machine']!r}; a retired machine's rows "
-                              "still match")
+            close = difflib.get_close_matches(o["machine"], known, n=1)
+            self.stderr.write(f"note: no registered machine is named {o['machine']!r}"
+                              + (f" (did you mean {close[0]!r}?)" if close else "")
+                              + "; a retired machine's rows still match")
 
         def progress(done, skipped, scanned):
             self.stdout.write(f"{op}: {scanned:,} matched so far, {done:,} done, {skipped:,} skipped")
