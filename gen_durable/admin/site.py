@@ -390,6 +390,9 @@ class InstanceAdmin(admin.ModelAdmin):
         if not text:
             return "—"
         short = text if len(text) <= ERROR_COLUMN else text[:ERROR_COLUMN - 1] + "…"
+        if obj.status == "done":  # the instance went on and finished: the error is history, not red
+            return format_html('<span class="gd-error-earlier" title="an earlier attempt failed: {}">'
+                               'earlier attempt: {}</span>', text, short)
         return format_html('<span class="gd-error" title="{}">{}</span>', text, short)
 
     @admin.display(description="machine")

@@ -35,6 +35,16 @@ def test_the_list_shows_the_error_cut_by_postgres(admin_client, queue_name):
     assert '<td class="field-error">—</td>' in body.split(f">{ok.id}<")[1].split("</tr>")[0]
 
 
+def test_a_done_rows_error_of_an_earlier_attempt_is_shown_as_such_not_in_red(admin_client, queue_name):
+    recovered = TerminalFactory(queue=queue_name, last_error="TimeoutError: gateway")  # done after a retry
+    failed = TerminalFactory(queue=queue_name, status="failed", result=None, last_error="TimeoutError: gateway")
+    body = admin_client.get(CHANGELIST, {"queue": queue_name}).content.decode()
+    done_cell = body.split(f">{recovered.id}<")[1].split("</tr>")[0]
+    assert 'class="gd-error-earlier"' in done_cell and ">earlier attempt: TimeoutError: gateway<" in done_cell
+    assert 'class="gd-error"' not in done_cell
+    assert 'class="gd-error" title="TimeoutError: gateway"' in body.split(f">{failed.id}<")[1].split("</tr>")[0]
+
+
 def test_the_completions_chart_draws_failures_in_red(admin_client, queue_name):
     TerminalFactory.create_batch(3, queue=queue_name)
     TerminalFactory.create_batch(2, queue=queue_name, status="failed", result=None, last_error="E: x")
