@@ -437,12 +437,21 @@ class Supervisor:
         # A row left behind (no time left, or no answer) is harmless: the overview counts
         # a worker live only while its heartbeat refreshes the row (LEASE_TTL), and the
         # next worker to register prunes it after 10 × LEASE_TTL.
-        if time.monotonic() < deadline - 1.0:
+        for retry in (False, True):
+            if time.monotonic() >= deadline - 1.0:
+                break
             try:
                 db.execute(sql.WORKER_UNREGISTER, {"id": self.token}, self.using)
+                break
             except Exception as exc:
+                if not retry and db.is_connection_error(exc):
+                    # The connection died while the worker ran (a server restart): one
+                    # more try on a new one, within the shutdown's deadline.
+                    db.connection(self.using).close()
+                    continue
                 logger.warning("could not remove worker %s from the registry (the row expires): %s",
                                self.token, exc)
+                break
         try:
             aio.close_sync_thread_connections()
         except Exception:

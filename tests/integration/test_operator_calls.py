@@ -179,6 +179,21 @@ def test_a_worker_registers_its_queues_heartbeats_and_unregisters_on_stop(engine
         cur.execute("DELETE FROM gen_durable_workers")
 
 
+def test_a_worker_whose_connection_died_meanwhile_still_unregisters_on_stop(engine, committed, queue_name, caplog):
+    """After a server restart the stopping thread's connection is dead: the unregister
+    reconnects once instead of leaving the row to expire with a warning."""
+    sup = engine({queue_name: 1})
+    assert Worker.objects.filter(id=sup.token).exists()
+    from django.db import OperationalError
+
+    with pytest.raises(OperationalError), connection.cursor() as cur:
+        cur.execute("SELECT pg_terminate_backend(pg_backend_pid())")  # this thread's own session ends
+    with caplog.at_level("WARNING", "gen_durable"):
+        sup.stop()
+    assert not [r for r in caplog.records if "could not remove worker" in r.getMessage()]
+    assert not Worker.objects.filter(id=sup.token).exists()
+
+
 def test_retry_racing_an_insert_of_the_same_key_leaves_one_live_instance(committed, queue_name):
     """The insert holds the key uncommitted while retry revives the failed owner: retry
     waits on the unique index, then reports DuplicateInstance (never a raw IntegrityError,
