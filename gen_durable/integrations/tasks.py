@@ -308,6 +308,12 @@ class GenDurableBackend(BaseTaskBackend):
 
         Raises InvalidTask. Registers the task's machine on success.
         """
+        if self.queues and task.queue_name not in self.queues:  # the framework's message names no choice
+            import difflib
+
+            close = difflib.get_close_matches(task.queue_name, sorted(self.queues), n=1)
+            raise InvalidTask(f"Task {task.module_path}: queue {task.queue_name!r} is not one of this backend's "
+                              f"QUEUES ({sorted(self.queues)})" + (f"; did you mean {close[0]!r}?" if close else "."))
         super().validate_task(task)
         if not served_queue(task.queue_name):
             raise InvalidTask(f"Task {task.module_path}: queue {task.queue_name!r} is not in GEN_DURABLE['QUEUES'] "

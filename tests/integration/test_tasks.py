@@ -196,8 +196,10 @@ def test_priority_maps_onto_gen_durable_order():
 
 
 def test_unknown_queues_and_bad_tasks_are_invalid():
-    with pytest.raises(InvalidTask, match="not valid for backend"):
+    with pytest.raises(InvalidTask, match=r"queue 'elsewhere' is not one of this backend's QUEUES \(\['default'\]\)\.$"):
         t.add.using(queue_name="elsewhere")
+    with pytest.raises(InvalidTask, match=r"queue 'defualt' .*; did you mean 'default'\?$"):
+        t.add.using(queue_name="defualt")
     with override_settings(GEN_DURABLE={**settings.GEN_DURABLE, "QUEUES": {"other": 1}}):
         with pytest.raises(InvalidTask, match=r"not in GEN_DURABLE\['QUEUES'\]"):
             t.add.using(priority=3)
