@@ -259,3 +259,32 @@ def test_a_database_that_comes_up_unmigrated_stops_the_worker_with_the_fix(own_c
     assert ("database 'other' cannot be served: gen_durable's migrations are not applied on database 'other'"
             in text), text[-3000:]
     assert "run `python manage.py migrate` first" in text
+
+
+@pytest.mark.parametrize("max_wait", [2, None], ids=["max-wait", "control-waits-on"])
+def test_a_burst_with_max_wait_gives_up_on_a_database_that_never_comes_up(tmp_path, max_wait):
+    """Every database down at start-up: `--burst --max-wait` bounds that first wait too
+    and exits 3, nothing run (it waited for ever). Control: without --max-wait a burst
+    waits for the database, as a worker does."""
+    from tests.faults.cluster import free_port
+
+    env = dict(os.environ, DJANGO_SETTINGS_MODULE="tests.settings", GEN_DURABLE_TEST_DB_OVERRIDE=json.dumps(
+        {"HOST": "127.0.0.1", "PORT": str(free_port()), "NAME": DBNAME, "USER": "postgres", "PASSWORD": ""}))
+    args = ["rundurable", "--burst", "--queue", "boot=1"] + (["--max-wait", str(max_wait)] if max_wait else [])
+    log = tmp_path / "worker.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(MANAGE + args, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
+    try:
+        if max_wait:
+            assert proc.wait(timeout=60) == 3, log.read_text()[-3000:]
+            text = log.read_text()
+            assert "burst mode: database 'default' is still down after --max-wait 2 s; nothing was run" in text
+            assert "Traceback" not in text and text.count("unavailable (attempt") >= 2
+        else:
+            wait_until(lambda: log.read_text().count("unavailable (attempt") >= 4, timeout=60,
+                       what="four connection attempts")  # 0.5 + 1 + 2 s of back-off: past the 2 s above
+            assert proc.poll() is None, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()

@@ -110,9 +110,11 @@ class Late(list):
         self.attempts = attempts
 
 
-def wait_for_any_database(aliases: list[str]) -> Late:
+def wait_for_any_database(aliases: list[str], max_wait: float | None = None) -> Late | None:
     """Return once a connection to at least one of `aliases` opens: the aliases still
     down then, in order (their workers wait for them in the background: `handle`).
+    None when `max_wait` seconds (`rundurable --burst --max-wait`) passed with every one
+    still down.
 
     One alias: `wait_for_database` (returns []). Several: every alias is tried each
     round, one warning line per one that failed, rounds spaced by CONNECT_BACKOFF — one
@@ -120,10 +122,18 @@ def wait_for_any_database(aliases: list[str]) -> Late:
     `wait_for_database`, for any alias, on the first round it answers. `.attempts` of
     the list: the rounds made (a late alias's wait goes on from there).
     """
-    if len(aliases) == 1:
-        wait_for_database(aliases[0])
-        return Late()
     log = logging.getLogger("gen_durable.worker")
+    deadline = None if max_wait is None else time.monotonic() + max_wait
+    if len(aliases) == 1:
+        if deadline is None:
+            wait_for_database(aliases[0])
+            return Late()
+        attempts = wait_for_database(aliases[0], stop=_Deadline(threading.Event(), max_wait))
+        if attempts is None:
+            return None
+        if attempts > 1:
+            log.info("database %r is up after %d attempts; starting", aliases[0], attempts)
+        return Late()
     attempt, delay = 0, CONNECT_BACKOFF[0]
     while True:
         attempt += 1
@@ -143,6 +153,11 @@ def wait_for_any_database(aliases: list[str]) -> Late:
             elif attempt > 1:
                 log.info("databases %s are up after %d attempts; starting", ", ".join(map(repr, aliases)), attempt)
             return Late(down, attempt)
+        if deadline is not None and time.monotonic() + delay >= deadline:
+            time.sleep(max(deadline - time.monotonic(), 0))
+            if all(_connect_once(alias) is not None for alias in aliases):
+                return None
+            continue  # one came up at the last moment: the next round starts it
         time.sleep(delay)
         delay = min(delay * 2, CONNECT_BACKOFF[1])
 
@@ -233,7 +248,7 @@ class Command(BaseCommand):
         parser.add_argument("--max-wait", type=positive_float, default=None, metavar="SECONDS",
                             help="With --burst: stop once no step completed for this many seconds while rows "
                                  "remain (due later, deferred by the limiter, the limiter unreachable), or a "
-                                 "--database that was down at start-up is still down; "
+                                 "database that was down at start-up is still down (all of them: nothing runs); "
                                  f"exits {EXIT_LEFT_WORK} naming them. Default: wait for them.")
         parser.add_argument("--database", action="append", dest="database", default=None, metavar="ALIAS",
                             help="Database alias to serve (repeatable: one process serves each named "
@@ -268,7 +283,7 @@ class Command(BaseCommand):
             # the code on disk may have changed since.
             options["skip_checks"] = True
             self.requires_migrations_checks = False
-        self._wait_for_databases(options.get("database"))
+        self._wait_for_databases(options.get("database"), options.get("burst"), options.get("max_wait"))
         if DEFAULT_DB_ALIAS in self._late and self.requires_migrations_checks:
             # Django's own note on unapplied migrations reads 'default'; gen_durable's
             # migrations on it are checked (and required) once it is up.
@@ -291,9 +306,19 @@ class Command(BaseCommand):
                 "could not read the migrations applied on database 'default' (%s); Django's unapplied-migrations "
                 "note is skipped", " ".join(str(exc).split())[:300])
 
-    def _wait_for_databases(self, database):
-        """Wait until one of the served databases is up; `self._late`: those still down."""
-        self._late = wait_for_any_database(self._aliases(database))
+    def _wait_for_databases(self, database, burst=False, max_wait=None):
+        """Wait until one of the served databases is up; `self._late`: those still down.
+        With --burst --max-wait, CommandError (exit status 3, as for rows a burst leaves)
+        when none came up within `max_wait` seconds."""
+        aliases = self._aliases(database)
+        bound = max_wait if burst else None
+        late = wait_for_any_database(aliases, max_wait=bound)
+        if late is None:
+            what = f"database {aliases[0]!r} is" if len(aliases) == 1 else \
+                f"databases {', '.join(map(repr, aliases))} are"
+            raise CommandError(f"burst mode: {what} still down after --max-wait {bound:g} s; nothing was run",
+                               returncode=EXIT_LEFT_WORK)
+        self._late = late
 
     @staticmethod
     def _aliases(database) -> list[str]:
@@ -469,7 +494,7 @@ class Command(BaseCommand):
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
-            self._wait_for_databases(options.get("database"))
+            self._wait_for_databases(options.get("database"), options.get("burst"), options.get("max_wait"))
             self.handle(**options, child=i, parent=parent, predecessors="")
             code = 0
         except CommandError as exc:
