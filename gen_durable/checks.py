@@ -816,10 +816,13 @@ def _resolve(node, namespace):
     """The object a call's `Name` or `module.Name` refers to in the function's globals."""
     import ast
 
-    if isinstance(node, ast.Name):
-        return namespace.get(node.id)
-    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
-        return getattr(namespace.get(node.value.id), node.attr, None)
+    try:  # an attribute lookup runs the object's own code: whatever it raises means "not ours"
+        if isinstance(node, ast.Name):
+            return namespace.get(node.id)
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            return getattr(namespace.get(node.value.id), node.attr, None)
+    except Exception:
+        pass
     return None
 
 
@@ -849,8 +852,9 @@ def outcome_step_names(func):
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
             continue
-        outcome = _resolve(node.func, namespace)
-        if outcome not in known:
+        found_in = _resolve(node.func, namespace)
+        outcome = next((k for k in known if k is found_in), None)  # by identity: no __eq__/__hash__ of theirs
+        if outcome is None:
             continue
         index, keyword = known[outcome]
         arg = next((k.value for k in node.keywords if k.arg == keyword),

@@ -737,3 +737,34 @@ def test_an_outcome_class_of_another_library_named_next_is_not_e120():
         assert [e for e in checks.check_outcome_steps() if e.obj is Pager] == []
     # A name the function's globals do not know at all is not guessed at either.
     assert checks.outcome_step_names(lambda: Undefined("x")) == []  # noqa: F821
+
+
+class _Raises:
+    def __getattr__(self, name):
+        raise RuntimeError("a lazy object that cannot be read here")
+
+
+_LAZY = _Raises()
+_TABLE = {"rows": []}
+
+
+def test_e120_reads_code_it_cannot_resolve_without_failing_the_check():
+    """`manage.py check` must never die reading a step: an attribute whose lookup raises,
+    an unhashable attribute, no source at all (a class made by exec) are skipped."""
+    import gen_durable as gd
+
+    with _registered_for_the_test("tests.e120.Odd", "tests.e120.Exec"):
+        class Odd(gd.Machine):
+            name = "tests.e120.Odd"
+
+            @gd.step
+            def start(self, ctx):
+                _LAZY.anything("x")
+                _TABLE.get("rows")
+                return gd.Next("start")
+
+        namespace = {"gd": gd}
+        exec("class Exec(gd.Machine):\n    name = 'tests.e120.Exec'\n\n    @gd.step\n"
+             "    def start(self, ctx):\n        return gd.Next('nowhere')\n", namespace)
+        errors = [e for e in checks.check_outcome_steps() if e.obj in (Odd, namespace["Exec"])]
+    assert errors == []
