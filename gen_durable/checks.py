@@ -812,14 +812,16 @@ def _step_naming_outcomes():
     return {Next: (0, "step"), Await: (1, "next"), ScheduleChildren: (0, "next")}
 
 
-def _resolve(node, namespace):
-    """The object a call's `Name` or `module.Name` refers to in the function's globals."""
+def _resolve(node, namespace, local):
+    """The object a call's `Name` or `module.Name` refers to in the function's globals and
+    closure; None for a name the function binds itself (`local`: a parameter, an
+    assignment), which shadows those."""
     import ast
 
     try:  # an attribute lookup runs the object's own code: whatever it raises means "not ours"
-        if isinstance(node, ast.Name):
+        if isinstance(node, ast.Name) and node.id not in local:
             return namespace.get(node.id)
-        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id not in local:
             return getattr(namespace.get(node.value.id), node.attr, None)
     except Exception:
         pass
@@ -842,17 +844,21 @@ def outcome_step_names(func):
         tree = ast.parse(textwrap.dedent("".join(lines)))
     except (OSError, TypeError, SyntaxError):
         return []
-    try:  # the names the code sees: its globals, and its closure's (a machine declared in a function)
-        seen = inspect.getclosurevars(func)
-        namespace = {**seen.globals, **seen.nonlocals}
+    # The names the code sees: its module's globals (nested functions and comprehensions
+    # included) and its closure's (a machine declared in a function); `local` shadows both.
+    namespace = dict(getattr(func, "__globals__", {}))
+    try:
+        namespace.update(inspect.getclosurevars(func).nonlocals)
     except (TypeError, ValueError):
-        namespace = getattr(func, "__globals__", {})
+        pass
     known = _step_naming_outcomes()
+    local = ({n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+             | {a.arg for a in ast.walk(tree) if isinstance(a, ast.arg)})
     found = []
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
             continue
-        found_in = _resolve(node.func, namespace)
+        found_in = _resolve(node.func, namespace, local)
         outcome = next((k for k in known if k is found_in), None)  # by identity: no __eq__/__hash__ of theirs
         if outcome is None:
             continue

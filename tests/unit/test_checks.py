@@ -18,6 +18,7 @@ from django.core.management.base import SystemCheckError
 from django.test import override_settings
 
 from gen_durable import checks, conf
+from gen_durable.outcomes import Next as GdNext  # noqa: F401  (shadowed in an E120 test)
 from gen_durable.conf import DEFAULTS
 
 ALL_CHECKS = (
@@ -735,6 +736,17 @@ def test_an_outcome_class_of_another_library_named_next_is_not_e120():
                 return gd.Done()
 
         assert [e for e in checks.check_outcome_steps() if e.obj is Pager] == []
+    with _registered_for_the_test("tests.e120.Shadow"):
+        class Shadow(gd.Machine):
+            name = "tests.e120.Shadow"
+
+            @gd.step
+            def start(self, ctx):
+                GdNext = lambda page: page  # noqa: E731, N806  (a local shadowing the module's name)
+                GdNext("page-2")
+                return gd.Next("start")
+
+        assert [e for e in checks.check_outcome_steps() if e.obj is Shadow] == []
     # A name the function's globals do not know at all is not guessed at either.
     assert checks.outcome_step_names(lambda: Undefined("x")) == []  # noqa: F821
 
@@ -745,6 +757,7 @@ class _Raises:
 
 
 _LAZY = _Raises()
+
 _TABLE = {"rows": []}
 
 
