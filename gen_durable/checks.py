@@ -617,14 +617,17 @@ def check_connection_budget(app_configs=None, databases=None, **kwargs):
 QUEUE_SAMPLE_CAP = 1000
 
 
-def unserved_queues(served, using=None) -> list[tuple[str, int, int]]:
+def unserved_queues(served, using=None, patterns=()) -> list[tuple[str, int, int]]:
     """(queue, runnable rows — counted up to QUEUE_SAMPLE_CAP + 1 —, its head row's id)
-    of each queue with runnable rows that is not in `served`, by name. Statements: 1 (one
-    probe per distinct runnable queue on the pick index), +1 when any is unserved.
-    Raises DatabaseError."""
+    of each queue with runnable rows that is not in `served`, by name, nor matches one of
+    `patterns` (fnmatch, as EXTRA_QUEUES). Statements: 1 (one probe per distinct runnable
+    queue on the pick index), +1 when any is unserved. Raises DatabaseError."""
+    import fnmatch
+
     from . import db, sql
 
-    names = [r[0] for r in db.fetchall(sql.OVERVIEW_RUNNABLE_QUEUES, None, using) if r[0] not in served]
+    names = [r[0] for r in db.fetchall(sql.OVERVIEW_RUNNABLE_QUEUES, None, using)
+             if r[0] not in served and not any(fnmatch.fnmatchcase(r[0], p) for p in patterns)]
     if not names:
         return []
     return [tuple(r) for r in db.fetchall(sql.QUEUE_SAMPLE, {"queues": db.pg_array(names),
@@ -805,71 +808,6 @@ def check_unknown_machines(app_configs=None, databases=None, **kwargs):
     return out
 
 
-# The outcomes that name a step of their own machine: (class, positional index, keyword).
-def _step_naming_outcomes():
-    from .outcomes import Await, Next, ScheduleChildren
-
-    return {Next: (0, "step"), Await: (1, "next"), ScheduleChildren: (0, "next")}
-
-
-def _resolve(node, namespace, local):
-    """The object a call's `Name` or `module.Name` refers to in the function's globals and
-    closure; None for a name the function binds itself (`local`: a parameter, an
-    assignment), which shadows those."""
-    import ast
-
-    try:  # an attribute lookup runs the object's own code: whatever it raises means "not ours"
-        if isinstance(node, ast.Name) and node.id not in local:
-            return namespace.get(node.id)
-        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id not in local:
-            return getattr(namespace.get(node.value.id), node.attr, None)
-    except Exception:
-        pass
-    return None
-
-
-def outcome_step_names(func):
-    """[(outcome class name, step name, line)] for each `Next("...")`, `Await(..., next="...")`
-    and `ScheduleChildren(next="...")` in `func`'s source whose step is a string literal.
-
-    Read from the source (`inspect.getsource` + `ast`); a function without source, or an
-    outcome class neither the function's globals nor its closure name, yields nothing."""
-    import ast
-    import inspect
-    import textwrap
-
-    func = inspect.unwrap(func)
-    try:
-        lines, first = inspect.getsourcelines(func)
-        tree = ast.parse(textwrap.dedent("".join(lines)))
-    except (OSError, TypeError, SyntaxError):
-        return []
-    # The names the code sees: its module's globals (nested functions and comprehensions
-    # included) and its closure's (a machine declared in a function); `local` shadows both.
-    namespace = dict(getattr(func, "__globals__", {}))
-    try:
-        namespace.update(inspect.getclosurevars(func).nonlocals)
-    except (TypeError, ValueError):
-        pass
-    known = _step_naming_outcomes()
-    local = ({n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
-             | {a.arg for a in ast.walk(tree) if isinstance(a, ast.arg)})
-    found = []
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.Call):
-            continue
-        found_in = _resolve(node.func, namespace, local)
-        outcome = next((k for k in known if k is found_in), None)  # by identity: no __eq__/__hash__ of theirs
-        if outcome is None:
-            continue
-        index, keyword = known[outcome]
-        arg = next((k.value for k in node.keywords if k.arg == keyword),
-                   node.args[index] if len(node.args) > index else None)
-        if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
-            found.append((outcome.__name__, arg.value, first + node.lineno - 1))
-    return found
-
-
 @register(Tags.compatibility)
 def check_outcome_steps(app_configs=None, **kwargs):
     """E120: a step or handle() whose code returns `Next("name")` (or `Await(next=)`,
@@ -881,9 +819,10 @@ def check_outcome_steps(app_configs=None, **kwargs):
 
     from . import registry
     from .machine import Machine
+    from .source_steps import literal_step_names
 
     errors, seen = [], set()
-    for (name, _version), cls in sorted(registry.all_machines().items()):
+    for (name, _version), cls in sorted(registry.all_machines().items(), key=lambda kv: repr(kv[0])):
         if cls in seen:
             continue
         seen.add(cls)
@@ -891,15 +830,17 @@ def check_outcome_steps(app_configs=None, **kwargs):
         if getattr(cls, "handle", None) is not getattr(Machine, "handle", None):
             methods["handle"] = None
         for attr in methods:
-            func = inspect.getattr_static(cls, attr, None)
-            func = getattr(func, "__func__", func)
-            if not callable(func):
-                continue
-            for outcome, step, line in outcome_step_names(func):
+            try:  # whatever a step object is made of, reading it never stops `check`
+                func = inspect.getattr_static(cls, attr, None)
+                func = func.__func__ if isinstance(func, (staticmethod, classmethod)) else func
+                named = literal_step_names(func) if callable(func) else []
+            except Exception:
+                named = []
+            for outcome, step, filename, line in named:
                 if step in cls.steps:
                     continue
                 close = difflib.get_close_matches(step, sorted(cls.steps), n=1)
-                where = f"{inspect.getsourcefile(func) or '?'}:{line}"
+                where = f"{filename}:{line}"
                 errors.append(Error(
                     f"{name}.{attr} returns {outcome}({step!r}) ({where}), but {name} has no step {step!r}"
                     + (f"; did you mean {close[0]!r}?" if close else "."),

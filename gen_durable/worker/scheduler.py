@@ -294,10 +294,12 @@ class Scheduler:
         claimed it again after a crash undid the first claim) is heartbeated."""
         now = time.monotonic()
         with self._lock:
-            over = {(r.job.id, r.job.claim) for r in self._runs.values()
-                    if r.active and past_deadline(r.started, r.timeout, now)}
+            over: dict = {}  # id -> the newest claim a step past its budget runs under
+            for r in self._runs.values():
+                if r.active and past_deadline(r.started, r.timeout, now):
+                    over[r.job.id] = max(r.job.claim, over.get(r.job.id, r.job.claim))
             held = itertools.chain(self.buffer, self.in_flight.values())
-            return sorted({j.id for j in held if (j.id, j.claim) not in over})
+            return sorted({j.id for j in held if j.id not in over or j.claim > over[j.id]})
 
     def held_slots(self) -> list:
         """(id, gate slot) of the rows this scheduler holds (buffered or running)."""
@@ -503,6 +505,7 @@ class Scheduler:
                     job.is_async = is_async(job)
                     any_async = any_async or job.is_async
                 with self._lock:
+                    superseded = self._superseded_locked(jobs) if held else []
                     self._async_buffered = self._async_buffered or any_async
                     # Rows beyond the free slots wait in the buffer (PREFETCH): they
                     # re-check their claim before starting (`_still_ours`).
@@ -515,6 +518,13 @@ class Scheduler:
                         job.checked = claimed_at  # the claim just proved it ours
                     self.buffer.extend(jobs)
                     self._dispatch_locked()
+                if superseded and self.limiter is not None and not self.limiter.transactional:
+                    # Their admissions ended unstarted; a crash undid the Postgres debit
+                    # with the claim, not a Redis slot (docs/design.md, "Claims across a crash").
+                    try:
+                        self.limiter.credit([b.slot for b in superseded if getattr(b, "slot", None) is not None])
+                    except Exception:
+                        logger.exception("limiter credit failed; the slots come back when their leases lapse")
         telemetry.emit("scheduler.saturation", {"in_flight": len(self.in_flight), "buffer": len(self.buffer),
                                                 "concurrency": self.concurrency, "prefetch": self.prefetch},
                        {"queue": self.queue})
@@ -548,6 +558,24 @@ class Scheduler:
         # Claims only get newer: once none is left from an earlier session, none comes back.
         self._older_claims = bool(held) and not pooled
         return held or None
+
+    def _claimed_again_locked(self, job) -> bool:
+        """Whether this worker holds `job`'s row under a newer claim (running or buffered)."""
+        running = self.in_flight.get(job.id)
+        return ((running is not None and running.claim > job.claim)
+                or any(b.id == job.id and b.claim > job.claim for b in self.buffer))
+
+    def _superseded_locked(self, jobs) -> list:
+        """Drop (and return) the buffered claims that `jobs` claimed again: a crash undid
+        them while they waited here, and the new claim is the one this worker holds, so
+        the older must not start too. A TimedOut task stays (`_step_loop` decides)."""
+        renewed = {j.id: j.claim for j in jobs}
+        gone = [b for b in self.buffer if not isinstance(b, TimedOut) and renewed.get(b.id, -1) > b.claim]
+        if gone:
+            dropped = {id(b) for b in gone}
+            self.buffer = deque(b for b in self.buffer if id(b) not in dropped)
+            self._continuations -= sum(1 for b in gone if getattr(b, "chain", None) is not None)
+        return gone
 
     def _dispatch_locked(self):
         """Start what may start now (called with the lock held, whenever rows or slots change).
@@ -677,8 +705,7 @@ class Scheduler:
                         continue
                     task = job if isinstance(job, TimedOut) else None
                     job = task.job if task else job
-                    newer = task and self.in_flight.get(job.id)
-                    if newer and newer.claim != job.claim:
+                    if task and self._claimed_again_locked(job):
                         # This worker claimed the row again meanwhile (after a crash undid
                         # the hung run's claim): the newer claim holds it, and the hung
                         # run's StepTimeout outcome would be stale. Drop the task.

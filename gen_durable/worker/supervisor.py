@@ -345,15 +345,17 @@ class Supervisor:
         except Exception as exc:  # visibility only
             logger.warning("could not check for rows that nothing will run: %s", exc)
 
-    def _warn_of_unserved_queues(self):
+    def _warn_of_unserved_queues(self, sweep=False):
         """Log the queues with runnable rows that neither this worker nor QUEUES serves,
-        each once while it stays so (at start-up, then with every reaper sweep: rows a
-        machine's misspelt `queue` sends there after the start are reported too).
-        Statements: 1 (+1 when a queue is unserved). Raises DatabaseError."""
+        each once in this process's life (at start-up, then with every reaper sweep: rows
+        a machine's misspelt `queue` sends there after the start are reported too). A
+        sweep passes over EXTRA_QUEUES (other deployments serve them, by declaration) and
+        the queues logged already. Statements: 1 (+1 when a new queue is unserved).
+        Raises DatabaseError."""
         served = set(self.schedulers) | set(self.s.QUEUES if isinstance(self.s.QUEUES, dict) else ())
-        waiting = unserved_queues(served, self.using)
-        new = [w for w in waiting if w[0] not in self._unserved_logged]
-        self._unserved_logged = {w[0] for w in waiting}
+        extra = self.s.EXTRA_QUEUES if sweep and isinstance(self.s.EXTRA_QUEUES, (list, tuple)) else ()
+        new = unserved_queues(served | self._unserved_logged, self.using, patterns=extra)
+        self._unserved_logged |= {w[0] for w in new}
         if new:
             logger.warning("runnable rows wait in queues that neither this worker nor "
                            "GEN_DURABLE['QUEUES'] serves: %s (a misspelt queue on a machine or at insert? "
@@ -363,7 +365,7 @@ class Supervisor:
     def _reaper_tick(self):
         reaper_sweep(self.using, self.limiter)
         try:
-            self._warn_of_unserved_queues()
+            self._warn_of_unserved_queues(sweep=True)
         except Exception as exc:  # visibility only: the sweep itself succeeded
             logger.debug("could not check for queues no one serves: %s", exc)
 

@@ -154,7 +154,8 @@ class _Flusher:
         self.submitted.append(entry)
 
 
-@pytest.mark.parametrize("claimed_again", [True, False], ids=["newer-claim-in-flight", "control-same-claim"])
+@pytest.mark.parametrize("claimed_again", ["in-flight", "buffered", None],
+                         ids=["newer-claim-in-flight", "newer-claim-buffered", "control-same-claim"])
 def test_a_hung_runs_timeout_task_is_dropped_once_this_worker_claimed_the_row_again(
         committed, queue_name, claimed_again):
     """A step hangs past its timeout after a crash undid its claim, and this worker has
@@ -169,18 +170,24 @@ def test_a_hung_runs_timeout_task_is_dropped_once_this_worker_claimed_the_row_ag
     assert sch.run_once() == 1
     hung = sch.buffer.popleft()
     newer = dataclasses.replace(hung, claim=hung.claim + 1) if claimed_again else hung
-    sch.in_flight = {id_: newer}
+    sch.in_flight = {id_: newer if claimed_again == "in-flight" else hung}
     sch.buffer.append(TimedOut(hung, 1.0, 5.0))
+    if claimed_again == "buffered":
+        sch.buffer.append(newer)  # behind the task: the one step thread takes the task first
     thread = threading.Thread(target=sch._step_loop, daemon=True)
     with sch._lock:
         sch._threads += 1
     thread.start()
     try:
-        if claimed_again:
+        if claimed_again == "in-flight":
             wait_until(lambda: not sch.buffer and sch._idle_threads == 1, what="the task to be taken")
             with sch._lock:
                 assert (sch.running, sch.in_flight) == (0, {id_: newer})
             assert sch.flusher.submitted == []
+        elif claimed_again == "buffered":
+            # The task is dropped; the newer claim's own step runs and its outcome is the only one.
+            wait_until(lambda: sch.flusher.submitted, what="the newer claim's outcome")
+            assert [(e.claim, e.kind) for e in sch.flusher.submitted] == [(newer.claim, "next")]
         else:
             wait_until(lambda: sch.flusher.submitted, what="handle(StepTimeout)'s outcome")
             [entry] = sch.flusher.submitted
@@ -191,3 +198,23 @@ def test_a_hung_runs_timeout_task_is_dropped_once_this_worker_claimed_the_row_ag
             sch._lock.notify_all()
         thread.join(10)
     assert not thread.is_alive()
+
+
+@pytest.mark.parametrize("purged", [True, False], ids=["purged", "control-kept"])
+def test_a_buffered_claim_the_crash_undid_does_not_start_beside_its_new_claim(
+        committed, queue_name, monkeypatch, purged):
+    """A claim waiting in the buffer (not started) is undone by the crash; the next pick
+    claims its row again. The older entry must go: it would start the same step next to
+    the new claim's (its re-check asks only whether the row is this worker's). Control:
+    without the purge both entries of the row stay buffered."""
+    id_ = gd.insert(Counter, state={"target": 3}, queue=queue_name)
+    sch = _feeder(queue_name)
+    assert sch.run_once() == 1
+    older = sch.buffer[0]
+    _lose_the_claim(id_)
+    connection.close()
+    if not purged:
+        monkeypatch.setattr(sch, "_superseded_locked", lambda jobs: [])
+    assert sch.run_once() == 1
+    assert [(b.id, b.claim) for b in sch.buffer] == (
+        [(id_, older.claim + 1)] if purged else [(id_, older.claim), (id_, older.claim + 1)])

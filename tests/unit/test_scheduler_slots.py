@@ -270,3 +270,7 @@ def test_a_hung_run_keeps_only_its_own_claim_out_of_the_heartbeat(claimed_again)
     sch.in_flight = {1: SimpleNamespace(id=1, claim=8) if claimed_again else hung, 2: SimpleNamespace(id=2, claim=1)}
     sch.buffer.append(TimedOut(hung, 1.0, 100.0))  # the hung run's handle(StepTimeout), waiting
     assert sch.held_ids() == ([1, 2] if claimed_again else [2])
+    # An older entry of the row (a stale buffered claim) does not bring it back either.
+    sch.in_flight[1] = hung
+    sch.buffer.append(SimpleNamespace(id=1, claim=6))
+    assert sch.held_ids() == [2]
