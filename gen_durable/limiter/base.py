@@ -226,6 +226,17 @@ class Limiter:
         """Give gate slots back (after a committed outcome, a cancel, a reap or a release)."""
         return None
 
+    def credit_or_log(self, slots) -> None:
+        """`credit`, for a call outside any transaction whose caller must go on (the flush
+        after its COMMIT, the pick after its claim): a failure is logged, not raised, since
+        an uncredited slot comes back when its lease lapses."""
+        if not slots:
+            return
+        try:
+            self.credit(slots)
+        except Exception:
+            logger.exception("limiter credit failed; the slots come back when their leases lapse")
+
     def renew(self, slots) -> None:
         """Keep held slots alive (each heartbeat); only lease-native backends need it."""
         return None

@@ -237,11 +237,7 @@ def flush(entries, using=None, limiter=None, alone=False, history=None) -> Flush
         # nothing), so it is given back here; a newer admission of the row keeps its own.
         slots = _credited(e for e in entries if e.id in result.committed)
         slots += [e.slot for e in entries if e.slot is not None and e.id not in result.committed]
-        if slots:
-            try:
-                limiter.credit(slots)
-            except Exception:
-                logger.exception("limiter credit failed; the slots come back when their leases lapse")
+        limiter.credit_or_log(slots)
     result.stale = [e for e in entries if e.id not in result.committed]
     for e in result.stale:
         telemetry.emit("outcome.stale", {"count": 1}, {"id": e.id, "fsm": e.fsm, "step": e.from_step, "kind": e.kind})

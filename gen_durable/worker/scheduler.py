@@ -521,10 +521,7 @@ class Scheduler:
                 if superseded and self.limiter is not None and not self.limiter.transactional:
                     # Their admissions ended unstarted; a crash undid the Postgres debit
                     # with the claim, not a Redis slot (docs/design.md, "Claims across a crash").
-                    try:
-                        self.limiter.credit([b.slot for b in superseded if getattr(b, "slot", None) is not None])
-                    except Exception:
-                        logger.exception("limiter credit failed; the slots come back when their leases lapse")
+                    self.limiter.credit_or_log([b.slot for b in superseded if getattr(b, "slot", None) is not None])
         telemetry.emit("scheduler.saturation", {"in_flight": len(self.in_flight), "buffer": len(self.buffer),
                                                 "concurrency": self.concurrency, "prefetch": self.prefetch},
                        {"queue": self.queue})

@@ -53,6 +53,7 @@ def own_redis(tmp_path):
                 proc.wait(10)
 
     start.restart = restart
+    start.stop = stop
     yield start
     stop()
 
@@ -113,6 +114,25 @@ def test_negative_control_without_the_epoch_a_flush_over_admits(own_redis, setti
     client.hset(limiter.epoch_key, mapping={"seq": 10**6, "until": 0})
     collapse(queue_name)
     assert len(pick(limiter, queue_name)) == 1  # two running on a gate of 1
+
+
+@pytest.mark.django_db
+def test_redis_down_at_the_flush_commits_the_outcome_and_logs_the_lost_credit(own_redis, settings, queue_name,
+                                                                              caplog):
+    """The outcome is in Postgres before the credit is tried: a Redis that went away in
+    between costs the slot until its lease lapses, never the outcome, and says so."""
+    url = own_redis()
+    limiter = limiter_on(url, settings, lease=60.0)
+    insert(queue_name, 1, concurrency_key="api")
+    (held,) = pick(limiter, queue_name)
+    own_redis.stop()
+    with caplog.at_level("ERROR", logger="gen_durable.limiter"):
+        result = finish(limiter, [held])
+    assert result.committed == {held.id: "done"}
+    with connection.cursor() as cur:
+        cur.execute("SELECT status FROM gen_durable WHERE id = %s", [held.id])
+        assert cur.fetchone()[0] == "done"
+    assert any("limiter credit failed" in r.getMessage() for r in caplog.records)
 
 
 @pytest.mark.django_db
