@@ -16,7 +16,7 @@ from typing import Any, ClassVar, NamedTuple
 
 from . import registry
 from .exceptions import InvalidInput
-from .outcomes import MAX_DELAY, Await, Cancel, Done, Error, Next, Retry, ScheduleChildren, Stop, describe, seconds
+from .outcomes import MAX_DELAY, Await, Cancel, Done, Error, Next, Retry, ScheduleChildren, Stop, describe, seconds, text
 
 MAX_BACKOFF = 300.0  # seconds: the default backoff's cap (docs/guide.md)
 
@@ -173,6 +173,7 @@ class Machine:
             return
         if "name" not in cls.__dict__ or not cls.__dict__["name"]:
             cls.name = f"{cls.__module__}.{cls.__qualname__}"
+        text(cls.name, f"{cls.__qualname__}.name")  # it is the rows' fsm column and the registry's key
         if not isinstance(cls.version, int) or isinstance(cls.version, bool) or cls.version < 1:
             raise InvalidInput(f"{cls.__qualname__}.version must be an int >= 1")
         if not isinstance(cls.inline_execution, bool):
@@ -229,7 +230,7 @@ class Machine:
         found = {}
         for klass in reversed(cls.__mro__):
             for attr, value in vars(klass).items():
-                if getattr(value, "_gd_step", False):
+                if getattr(value, "_gd_step", False) is True:  # set by @gd.step (a mock answers anything)
                     found[attr] = attr
         return found
 
@@ -286,7 +287,7 @@ class Job(Machine):
                 raise InvalidInput(f"{cls.__qualname__}.max_attempts must be an int >= 1")
             cls.timeout = check_timeout(cls.timeout, f"{cls.__qualname__}.timeout")
             extra = sorted(a for k in cls.__mro__ if k not in (Job, Machine, object)
-                           for a, v in vars(k).items() if getattr(v, "_gd_step", False))
+                           for a, v in vars(k).items() if getattr(v, "_gd_step", False) is True)
             if extra:  # never both perform and steps: they would never run
                 raise InvalidInput(f"Job {cls.__qualname__} defines perform and @gd.step methods {extra}; "
                                    "a Job has one step, perform — make it a Machine for several")

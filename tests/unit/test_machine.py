@@ -174,6 +174,29 @@ def test_version_must_be_a_positive_int(version):
         type("BadVersion", (gd.Machine,), {"version": version, "start": gd.step(lambda self, ctx: gd.Done())})
 
 
+@pytest.mark.parametrize("name, says", [(42, "non-empty string"), ("a\x00b", "NUL"), ("x" * 256, "256 characters")])
+def test_name_must_be_a_text_postgres_can_store(name, says):
+    with pytest.raises(gd.InvalidInput, match=f"BadName.name.*{says}"):
+        type("BadName", (gd.Machine,), {"name": name, "start": gd.step(lambda self, ctx: gd.Done())})
+
+
+def test_only_what_gd_step_marked_is_a_step():
+    """An attribute that answers any getattr (a mock, a proxy) is not taken for a step."""
+    class Anything:
+        def __getattr__(self, attr):
+            return "yes"
+
+    class WithProxy(gd.Machine):
+        name = "tests.unit.with_proxy"
+        client = Anything()
+
+        @gd.step
+        def start(self, ctx):
+            return gd.Done()
+
+    assert set(WithProxy.steps) == {"start"}
+
+
 def test_initial_that_is_not_a_step_is_invalid():
     with pytest.raises(gd.InvalidInput, match=r"initial is 'begin'.*\['start'\]"):
         class NoBegin(gd.Machine):
