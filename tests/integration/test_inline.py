@@ -181,9 +181,14 @@ def test_an_inline_transition_is_a_hot_update_that_keeps_lease_and_claim_time(co
 
 
 def _other_snapshots() -> int:
+    """Sessions that keep the claim's dead versions from being pruned: a snapshot in this
+    database, or a transaction with an xid in any database — a statement's snapshot
+    starts at the oldest xid still running on the whole server, and nothing newer than
+    that is pruned without a fresh look (another suite's test transaction on the same
+    server is enough)."""
     with connection.cursor() as cur:
-        cur.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                    "AND pid <> pg_backend_pid() AND backend_xmin IS NOT NULL")
+        cur.execute("SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
+                    "AND ((datname = current_database() AND backend_xmin IS NOT NULL) OR backend_xid IS NOT NULL)")
         return cur.fetchone()[0]
 
 
@@ -200,16 +205,17 @@ def test_a_wave_of_inline_transitions_is_hot_at_the_tables_fillfactor(committed,
         table_options = cur.fetchone()[0]
         if fillfactor is not None:  # committed (the table was just truncated); restored below
             cur.execute(f"ALTER TABLE gen_durable SET (fillfactor = {fillfactor})")
-    # A page is pruned of the claim's dead versions only when no other session of this
-    # database holds an older snapshot: a worker of an earlier test that is still leaving
-    # (a subprocess, a thread's connection), or one that takes a snapshot for a moment
-    # between the check and the flush, makes the flush's versions miss the page. So the
-    # wave runs up to three times, each on new rows: too little room on the pages (the
-    # control's fillfactor) fails every one, a passing snapshot only the one it met.
+    # A page is pruned of the claim's dead versions only when no other session holds them
+    # (`_other_snapshots`): a worker of an earlier test that is still leaving, or another
+    # suite on the same server whose transaction starts between the check and the flush,
+    # makes the flush's versions miss the page. So the wave runs up to five times, each on
+    # new rows: too little room on the pages (the control's fillfactor) fails every one, a
+    # passing transaction only the one it met.
     tries = []
     try:
-        for _ in range(3 if fillfactor is None else 1):
-            wait_until(lambda: _other_snapshots() == 0, what="no other session of the database holds a snapshot")
+        for _ in range(5 if fillfactor is None else 1):
+            wait_until(lambda: _other_snapshots() == 0, timeout=60,
+                       what="no other session holds a snapshot here or an xid anywhere on the server")
             gd.insert_all([gd.Spec(InlineChain, queue=queue_name, state={"pad": "x" * 40}) for _ in range(n)])
             jobs = claims.pick(queue_name, n, WORKER, 60)
             assert len(jobs) == n
