@@ -841,9 +841,14 @@ def check_outcome_steps(app_configs=None, **kwargs):
                     continue
                 close = difflib.get_close_matches(step, sorted(cls.steps), n=1)
                 where = f"{filename}:{line}"
+                if callable(inspect.getattr_static(cls, step, None)):
+                    # The commonest cause: the method is there, its decorator is not.
+                    guess = f"; {name}.{step} is a method but not a step: decorate it with @gd.step."
+                else:
+                    guess = f"; did you mean {close[0]!r}?" if close else "."
                 errors.append(Error(
                     f"{name}.{attr} returns {outcome}({step!r}) ({where}), but {name} has no step {step!r}"
-                    + (f"; did you mean {close[0]!r}?" if close else "."),
+                    + guess,
                     hint=f"Its steps are {sorted(cls.steps)}; the instance would fail when that line runs "
                          "(a renamed step keeps its old name in `step_aliases`).",
                     obj=cls, id=ID + "E120"))

@@ -41,6 +41,16 @@ def step(fn=None, *, timeout=None):
     seconds = check_timeout(timeout, "@gd.step(timeout=)")
 
     def mark(fn):
+        try:
+            signature = inspect.signature(fn)
+        except (TypeError, ValueError):  # no signature to read (a builtin): the call will tell
+            signature = None
+        if signature is not None:
+            try:
+                signature.bind(None, None)
+            except TypeError:
+                raise InvalidInput(f"step {getattr(fn, '__qualname__', fn)!r} must take (self, ctx); "
+                                   f"it is {getattr(fn, '__name__', 'step')}{signature}") from None
         fn._gd_step = True
         fn._gd_timeout = seconds
         return fn
@@ -392,6 +402,7 @@ def job(fn=None, *, queue: str = "default", max_attempts: int = 20, name: str | 
             def perform(self, args, ctx):
                 return fn(args, ctx) if arity >= 2 else fn(args)
         perform._gd_takes_ctx = arity >= 2  # fn(args) never sees the ctx: its claim loads no inbox
+        perform._gd_function = fn  # where an error names the code (not __wrapped__: the arity is perform's)
 
         attrs = {
             "queue": queue,

@@ -25,7 +25,7 @@ from .. import outcomes as _outcomes
 from ..calls import Row, build_row
 from ..codec import clean_text, encode, encode_state, load_typed, loads, safe_repr
 from ..conf import database_alias, get_settings, routed_alias
-from ..exceptions import InvalidOutcome, StepTimeout, TransactionLeftOpen, UnknownMachine
+from ..exceptions import InvalidOutcome, SerializationError, StepTimeout, TransactionLeftOpen, UnknownMachine
 from ..limiter.config import get_limits, name_of
 from ..machine import Context, Job, Machine, jittered
 from ..outcomes import KEEP, Await, Done, Next, Retry, ScheduleChildren, Stop
@@ -242,7 +242,10 @@ def _run(cls, job: Claimed, inline: bool = False) -> Entry:
         if clean and db.discard_dangling(where):
             raise TransactionLeftOpen(f"{where} returned inside a transaction; it was rolled back")
         ids = tuple(s.id for s in awaited) if awaited else ()
-        entry = to_entry(outcome, cls, job, consumed=ids, presented=ids, inline=inline)
+        try:
+            entry = to_entry(outcome, cls, job, consumed=ids, presented=ids, inline=inline)
+        except (InvalidOutcome, SerializationError) as bad:
+            raise _located(bad, cls, method) from None
         return _with_record(entry, machine)
     except BaseException as error:
         if db.is_connection_error(error) and (retry := connection_retry(error, cls, job)) is not None:
@@ -258,6 +261,21 @@ def _run(cls, job: Claimed, inline: bool = False) -> Entry:
         if clean:
             db.discard_dangling(where)
         return _handled(machine, cls, job, ctx, error, inline, clean=clean)
+
+
+def _located(error, cls, method: str):
+    """`error` (an outcome the step returned that cannot be stored) naming the step's
+    definition, file:line: raised after the step returned, its traceback holds no frame
+    of the step's own. A Job's is its `perform`."""
+    func = getattr(cls, "perform", None) if issubclass(cls, Job) else getattr(cls, method, None)
+    func = getattr(func, "_gd_function", func)  # a @gd.job's is the function it wraps
+    try:
+        func = inspect.unwrap(func)
+        code = func.__code__
+    except Exception:  # a step object with no code of its own (a callable instance, a builtin)
+        return error
+    return type(error)(f"{error} (returned by {func.__qualname__}, defined at "
+                       f"{code.co_filename}:{code.co_firstlineno})")
 
 
 class StepWhere:
@@ -322,7 +340,10 @@ async def _arun(cls, job: Claimed, inline: bool = False) -> Entry:
         async with asyncio.timeout(timeout) as budget:
             outcome = await getattr(machine, method)(ctx)
         ids = tuple(s.id for s in awaited) if awaited else ()
-        entry = to_entry(outcome, cls, job, consumed=ids, presented=ids, inline=inline)
+        try:
+            entry = to_entry(outcome, cls, job, consumed=ids, presented=ids, inline=inline)
+        except (InvalidOutcome, SerializationError) as bad:
+            raise _located(bad, cls, method) from None
         return _with_record(entry, machine)
     except asyncio.CancelledError:
         raise
@@ -507,10 +528,13 @@ def _state(value, cls, job, what="state") -> str | None:
 
 def _check_step(cls, name, outcome):
     if name not in cls.steps:
-        close = difflib.get_close_matches(str(name), list(cls.steps), n=1)
+        if isinstance(name, str) and callable(inspect.getattr_static(cls, name, None)):
+            guess = f"; {cls.name}.{name} is a method but not a step: decorate it with @gd.step"
+        else:
+            close = difflib.get_close_matches(str(name), list(cls.steps), n=1)
+            guess = f"; did you mean {close[0]!r}?" if close else ""
         raise InvalidOutcome(f"{cls.name}: {type(outcome).__name__} names unknown step {name!r}"
-                             + (f"; did you mean {close[0]!r}?" if close else "")
-                             + f" (steps are {sorted(cls.steps)})")
+                             + guess + f" (steps are {sorted(cls.steps)})")
 
 
 def _check_rate(outcome, cls, job):

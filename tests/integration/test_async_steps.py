@@ -117,7 +117,8 @@ def test_await_stop_and_a_bad_value_from_async_steps(engine, queue_name):
     assert Instance.objects.get(id=waiting).result == {"via": "await", "awaited": [{"p": 1}], "children": []}
     row = Instance.objects.get(id=stopped)
     assert (row.status, row.last_error) == ("failed", "stopped from async")
-    assert "InvalidOutcome" in Instance.objects.get(id=bad).result["handled"]
+    handled = Instance.objects.get(id=bad).result["handled"]
+    assert "InvalidOutcome" in handled and "(returned by AsyncKinds.start, defined at " in handled
 
 
 def test_async_jobs(engine, queue_name):

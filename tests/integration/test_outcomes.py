@@ -245,6 +245,23 @@ def test_unencodable_done_result_fails_promptly_with_a_json_message(queue_name):
     r = Instance.objects.get(id=id_)
     assert (r.status, r.attempt) == ("failed", 0)
     assert "JSON" in r.last_error and "tests.BadResult" in r.last_error
+    assert r.last_error.endswith(f"(returned by BadResult.start, defined at {BadResult.start.__code__.co_filename}:"
+                                 f"{BadResult.start.__code__.co_firstlineno})")
+
+
+@gd.job(name="tests.outcomes.unstorable", max_attempts=1)
+def unstorable(args):
+    return {"handle": object()}  # not JSON
+
+
+@pytest.mark.django_db
+def test_a_jobs_unstorable_result_names_its_function(queue_name):
+    id_ = gd.insert(unstorable, queue=queue_name)
+    drain(queue=queue_name)
+    r = Instance.objects.get(id=id_)
+    code = unstorable.func.__code__
+    assert r.status == "failed"
+    assert r.last_error.endswith(f"(returned by unstorable, defined at {code.co_filename}:{code.co_firstlineno})")
 
 
 @pytest.mark.django_db
@@ -279,14 +296,23 @@ class MisspeltNext(gd.Machine):
     def ship(self, ctx):
         return gd.Done()
 
+    def refund(self, ctx):  # not decorated: not a step
+        return gd.Done()
+
 
 @pytest.mark.django_db
 def test_a_next_to_a_misspelt_step_fails_naming_the_close_one(queue_name):
     typo = gd.insert(MisspeltNext, queue=queue_name, state={"to": "shipp"})
-    unlike = gd.insert(MisspeltNext, queue=queue_name, state={"to": "refund"})  # nothing close: no guess
+    unlike = gd.insert(MisspeltNext, queue=queue_name, state={"to": "archive"})  # nothing close: no guess
+    undecorated = gd.insert(MisspeltNext, queue=queue_name, state={"to": "refund"})
     drain(queue=queue_name)
     assert Instance.objects.get(id=typo).status == "failed"
+    # Raised after the step returned: the message names where the step is defined.
+    where = f"(returned by MisspeltNext.start, defined at {__file__}:{MisspeltNext.start.__code__.co_firstlineno})"
     assert ("InvalidOutcome: tests.outcomes.MisspeltNext: Next names unknown step 'shipp'; did you mean 'ship'? "
-            "(steps are ['ship', 'start'])") == Instance.objects.get(id=typo).last_error
+            f"(steps are ['ship', 'start']) {where}") == Instance.objects.get(id=typo).last_error
     assert Instance.objects.get(id=unlike).last_error.endswith(
-        "Next names unknown step 'refund' (steps are ['ship', 'start'])")
+        f"Next names unknown step 'archive' (steps are ['ship', 'start']) {where}")
+    assert Instance.objects.get(id=undecorated).last_error.endswith(
+        "Next names unknown step 'refund'; tests.outcomes.MisspeltNext.refund is a method but not a step: "
+        f"decorate it with @gd.step (steps are ['ship', 'start']) {where}")

@@ -719,6 +719,25 @@ def test_a_literal_step_name_no_step_of_its_machine_has_is_e120_naming_the_line(
     assert f"tests/unit/test_checks.py:{line})" in messages[2]
 
 
+def test_e120_names_a_method_that_lacks_its_step_decorator():
+    import gen_durable as gd
+
+    with _registered_for_the_test("tests.e120.Forgot"):
+        class Forgot(gd.Machine):
+            name = "tests.e120.Forgot"
+
+            @gd.step
+            def start(self, ctx):
+                return gd.Next("ship")
+
+            def ship(self, ctx):  # no @gd.step
+                return gd.Done()
+
+        (error,) = [e for e in checks.check_outcome_steps() if e.obj is Forgot]
+    assert error.msg.endswith("has no step 'ship'; tests.e120.Forgot.ship is a method but not a step: "
+                              "decorate it with @gd.step.")
+
+
 def test_an_outcome_class_of_another_library_named_next_is_not_e120():
     import gen_durable as gd
 

@@ -180,6 +180,25 @@ def test_name_must_be_a_text_postgres_can_store(name, says):
         type("BadName", (gd.Machine,), {"name": name, "start": gd.step(lambda self, ctx: gd.Done())})
 
 
+@pytest.mark.parametrize("source", ["def start(self): pass", "def start(self, ctx, extra): pass",
+                                    "def start(ctx): pass"])
+def test_a_step_must_take_self_and_ctx(source):
+    space = {}
+    exec(source, space)
+    with pytest.raises(gd.InvalidInput, match=r"step 'start' must take \(self, ctx\); it is start\("):
+        gd.step(space["start"])
+
+
+def test_a_step_may_take_more_with_defaults_or_star_args():
+    def start(self, ctx, retries=3):
+        return gd.Done()
+
+    def other(*args, **kwargs):
+        return gd.Done()
+
+    assert gd.step(start)._gd_step is True and gd.step(other)._gd_step is True
+
+
 def test_only_what_gd_step_marked_is_a_step():
     """An attribute that answers any getattr (a mock, a proxy) is not taken for a step."""
     class Anything:
