@@ -23,7 +23,7 @@ import psycopg
 
 from .. import db
 from . import connections
-from .roles import Role
+from .roles import FailureLog, Role
 
 logger = logging.getLogger("gen_durable.listener")
 
@@ -65,10 +65,12 @@ class Listener(Role):
 
     def _loop(self):
         backoff = 0.1
+        failures = FailureLog(logger, "listener connection")
         while not self._stop.is_set():
             try:
                 self._conn = self._connect()
                 self.connects += 1
+                failures.succeeded()
                 if self.connects > 1:
                     logger.info("listener reconnected; re-polling every queue")
                 # Also on the first connect: a row inserted between the schedulers' first
@@ -89,7 +91,7 @@ class Listener(Role):
             except Exception as exc:
                 if self._stop.is_set():
                     break
-                logger.warning("listener connection lost (%s); reconnecting in %.1fs", exc, backoff)
+                failures.failed("listener connection lost (%s); reconnecting in %.1fs", exc, backoff)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
             finally:

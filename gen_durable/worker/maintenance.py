@@ -16,7 +16,7 @@ from django.db import reset_queries, transaction
 from .. import db, sql, telemetry
 from ..conf import database_alias, history_enabled
 from . import connections
-from .roles import Role
+from .roles import FailureLog, Role
 
 logger = logging.getLogger("gen_durable.maintenance")
 
@@ -137,6 +137,7 @@ class Periodic(Role):
         self.name, self.interval, self.fn, self.using = name, interval, fn, using
         self.last_ok = time.monotonic()
         self.failures = 0
+        self.failure_log = FailureLog(logger, name)
         super().__init__(f"gd-{name}")
 
     def _loop(self):
@@ -153,16 +154,17 @@ class Periodic(Role):
                 if db.is_connection_error(exc):
                     wait = min(backoff, self.interval)
                     backoff = min(backoff * 2, max(self.interval, 0.1))
-                    logger.warning("%s failed on its connection (%s); reconnecting in %.1fs",
-                                   self.name, str(exc).strip(), wait)
+                    self.failure_log.failed("%s failed on its connection (%s); reconnecting in %.1fs",
+                                            self.name, str(exc).strip(), wait)
                     conn.close()
                 else:
                     wait = self.interval
-                    logger.warning("%s sweep failed: %s", self.name, exc)
+                    self.failure_log.failed("%s sweep failed: %s", self.name, exc)
                     if conn.connection is not None and not conn.is_usable():
                         conn.close()
             else:
                 self.last_ok = began
+                self.failure_log.succeeded()
                 wait, backoff = self.interval, 0.1
             reset_queries()  # DEBUG keeps every query until reset
         db.connection(self.using).close()

@@ -30,6 +30,7 @@ from django.db import close_old_connections, connections as django_connections, 
 from .. import db, registry, sql, telemetry
 from . import connections
 from .claims import abandon, adopt_known, pick, reclaim, release, still_owned
+from .roles import FailureLog
 from . import aio
 from .executor import (StepWhere, aexecute, continuation, emit_stop, error_text, execute, execute_timeout, is_async,
                        job_timeout, past_deadline, requeue_entry, stop_entry)
@@ -1202,7 +1203,8 @@ class Scheduler:
         connections.bind(f"feeder {self.queue}", self.using, relaxed_commit=True, tag=getattr(self, "tag", None))
         interval = self.s.POLL_INTERVAL
         leases_lost = False
-        failures, failure_logged = 0, 0.0
+        # An outage logs its first failure, one line a minute, and its end (not each retry).
+        failures = FailureLog(logger, f"pick on queue {self.queue}", PICK_FAILURE_LOG_INTERVAL)
         try:
             self.reclaim()
         except Exception:
@@ -1219,22 +1221,13 @@ class Scheduler:
             try:
                 claimed = self.run_once()
             except Exception as exc:
-                # One line at the first failure, then one per PICK_FAILURE_LOG_INTERVAL while
-                # it lasts (an outage must not flood the log), and one when it ends.
-                failures += 1
-                now = time.monotonic()
-                if failures == 1 or now - failure_logged >= PICK_FAILURE_LOG_INTERVAL:
-                    logger.warning("pick on queue %s failed (%d in a row): %s; retrying after back-off",
-                                   self.queue, failures, exc)
-                    failure_logged = now
+                failures.failed("pick on queue %s failed: %s; retrying after back-off", self.queue, exc)
                 close_old_connections()
                 db.connection(self.using).close()
                 claimed = 0
                 interval = min(max(interval, self.s.POLL_INTERVAL) * 2, self.s.MAX_POLL_INTERVAL)
             else:
-                if failures:
-                    logger.warning("pick on queue %s succeeds again after %d failures", self.queue, failures)
-                    failures = 0
+                failures.succeeded()
                 if claimed or self.in_flight:
                     interval = self.s.POLL_INTERVAL
                 else:

@@ -128,15 +128,17 @@ def test_postgres_restarted_mid_drain_loses_nothing(own_cluster, tmp_path, mode)
 
 
 @pytest.mark.slow
-def test_an_outage_logs_one_pick_failure_line_then_one_when_picks_succeed_again(own_cluster, tmp_path):
+def test_an_outage_logs_one_line_per_role_then_one_when_it_succeeds_again(own_cluster, tmp_path):
     """Picks failing every 0.2 s for several seconds do not flood the log: one line at the
-    first failure (then one a minute), one when the pick works again."""
+    first failure (then one a minute), one when the pick works again. Likewise the
+    heartbeat, the reaper and the listener, which retry on their own back-off."""
     own_cluster.start()
     prepare(own_cluster)
     log = tmp_path / "worker.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(MANAGE + ["rundurable", "--queue", "calm=1", "--verbosity", "1"], cwd=ROOT,
-                                env=env_for(own_cluster, POLL_INTERVAL=0.05, MAX_POLL_INTERVAL=0.2),
+                                env=env_for(own_cluster, POLL_INTERVAL=0.05, MAX_POLL_INTERVAL=0.2,
+                                            HEARTBEAT_INTERVAL=0.5, REAPER={"INTERVAL": 0.5}),
                                 stdout=out, stderr=subprocess.STDOUT, text=True)
     try:
         first = insert_jobs(own_cluster, "calm", 1, {"log": str(tmp_path / "runs.log"), "sleep": 0})
@@ -145,8 +147,9 @@ def test_an_outage_logs_one_pick_failure_line_then_one_when_picks_succeed_again(
         own_cluster.stop("fast")
         time.sleep(4)  # about 20 failed picks at MAX_POLL_INTERVAL
         own_cluster.start()
-        wait_until(lambda: "pick on queue calm succeeds again" in log.read_text(), timeout=60,
-                   what="the recovery line")
+        wait_until(lambda: all(f"{role} succeeds again" in log.read_text() for role in (
+                   "pick on queue calm", "heartbeat", "reaper", "listener connection")), timeout=60,
+                   what="the recovery lines")
         ids = insert_jobs(own_cluster, "calm", 1, {"log": str(tmp_path / "runs.log"), "sleep": 0})
         wait_until(lambda: statuses(own_cluster, ids) == {ids[0]: "done"}, timeout=60, what="a job after the outage")
         assert proc.poll() is None
@@ -158,6 +161,12 @@ def test_an_outage_logs_one_pick_failure_line_then_one_when_picks_succeed_again(
     assert len(failed) == 1 and "(1 in a row)" in failed[0], text[-3000:]
     (again,) = [line for line in text.splitlines() if "pick on queue calm succeeds again" in line]
     assert int(again.rsplit("after ", 1)[1].split()[0]) >= 5, again  # the failures were counted, not logged
+    for role, line in (("heartbeat", "heartbeat failed"), ("reaper", "reaper failed"),
+                       ("listener connection", "listener connection lost")):
+        failed = [x for x in text.splitlines() if line in x]
+        assert len(failed) == 1 and "(1 in a row)" in failed[0], (role, failed)
+        (again,) = [x for x in text.splitlines() if f"{role} succeeds again after" in x]
+        assert int(again.rsplit("after ", 1)[1].split()[0]) >= 2, again
 
 
 # --- several databases, one of them down -------------------------------------------------------
