@@ -20,7 +20,7 @@ from . import db, registry, sql
 from .codec import encode_state
 from .conf import database_alias, get_settings, routed_alias
 from .codec import encode
-from .exceptions import DuplicateInstance, InvalidInput, NoTarget, RoutedOutsideTransactionWarning
+from .exceptions import DuplicateInstance, InvalidInput, NoTarget, RoutedOutsideTransactionWarning, SerializationError
 from .limiter.config import get_limits
 from .statuses import LIVE_STATUSES, Status
 from .outcomes import Spec, key_string, reason_text, seconds, text, weight_value
@@ -145,7 +145,10 @@ def build_row(machine, *, state=None, args=None, step=None, queue=None, priority
         state = args
     step = step or cls.initial
     if step not in cls.steps:
-        raise InvalidInput(f"{cls.name} has no step {step!r}; its steps are {sorted(cls.steps)}")
+        from .machine import step_suggestion
+
+        raise InvalidInput(f"{cls.name} has no step {step!r}{step_suggestion(cls, step)}; "
+                           f"its steps are {sorted(cls.steps)}")
     queue = cls.queue if queue is None else queue
     if not isinstance(queue, str) or not queue.strip():
         raise InvalidInput(f"queue must be a non-empty string, got {queue!r}")
@@ -295,48 +298,55 @@ def spec_batch(specs) -> Batch:
     keys: list[str | None] = []
     seen: dict = {}  # key -> (its index in shapes, the state's name in errors)
     payload_limit = get_settings().MAX_PAYLOAD_BYTES
-    for i, spec in enumerate(specs):
-        if not isinstance(spec, Spec):
-            raise InvalidInput(f"insert_all takes gd.Spec(Machine, **kwargs) values; item {i} is {spec!r}")
-        kwargs = spec.kwargs
-        if kwargs.keys() <= _PER_ROW:  # the common batch: a machine and per-row values
-            key = (spec.machine,)
-        else:
-            if "using" in kwargs:
-                raise InvalidInput("pass using= to insert_all itself, not inside a Spec")
-            shared = [(k, type(v), v) for k, v in kwargs.items() if k not in _PER_ROW]
-            key = (spec.machine, *shared) if all(t in _SHAPE_TYPES for _, t, _v in shared) else None
-        found = None
-        if key is not None:
-            try:
-                found = seen.get(key)
-            except TypeError:  # an unhashable machine argument: validate it whole
-                key = None
-        if found is None:
-            # A new shape (or one that cannot be reused) gets every check, in build_row's
-            # order (the same error as insert() for a spec with several faults).
-            row = build_row(spec.machine, **kwargs)
-            index = len(shapes)
-            shapes.append(row)
+    i = 0
+    try:
+        for i, spec in enumerate(specs):
+            if not isinstance(spec, Spec):
+                raise InvalidInput(f"insert_all takes gd.Spec(Machine, **kwargs) values; item {i} is {spec!r}")
+            kwargs = spec.kwargs
+            if kwargs.keys() <= _PER_ROW:  # the common batch: a machine and per-row values
+                key = (spec.machine,)
+            else:
+                if "using" in kwargs:
+                    raise InvalidInput("pass using= to insert_all itself, not inside a Spec")
+                shared = [(k, type(v), v) for k, v in kwargs.items() if k not in _PER_ROW]
+                key = (spec.machine, *shared) if all(t in _SHAPE_TYPES for _, t, _v in shared) else None
+            found = None
             if key is not None:
-                seen[key] = (index, f"state of {row.fsm}", resolve_machine(spec.machine).State)
-            if index and shape is None:
-                shape = [0] * i
-            state, correlation_key = row.state, row.correlation_key
-        else:
-            index, what, state_type = found
-            state, correlation_key = kwargs.get("state"), kwargs.get("correlation_key")
-            if "args" in kwargs:
-                if state is not None and kwargs["args"] is not None:
-                    raise InvalidInput("pass state= or args= (its alias for jobs), not both")
-                state = kwargs["args"] if state is None else state
-            if correlation_key is not None:
-                text(correlation_key, "correlation_key")
-            state = encode_state(state, what, payload_limit, state_type)
-        if shape is not None:
-            shape.append(index)
-        states.append(state)
-        keys.append(correlation_key)
+                try:
+                    found = seen.get(key)
+                except TypeError:  # an unhashable machine argument: validate it whole
+                    key = None
+            if found is None:
+                # A new shape (or one that cannot be reused) gets every check, in build_row's
+                # order (the same error as insert() for a spec with several faults).
+                row = build_row(spec.machine, **kwargs)
+                index = len(shapes)
+                shapes.append(row)
+                if key is not None:
+                    seen[key] = (index, f"state of {row.fsm}", resolve_machine(spec.machine).State)
+                if index and shape is None:
+                    shape = [0] * i
+                state, correlation_key = row.state, row.correlation_key
+            else:
+                index, what, state_type = found
+                state, correlation_key = kwargs.get("state"), kwargs.get("correlation_key")
+                if "args" in kwargs:
+                    if state is not None and kwargs["args"] is not None:
+                        raise InvalidInput("pass state= or args= (its alias for jobs), not both")
+                    state = kwargs["args"] if state is None else state
+                if correlation_key is not None:
+                    text(correlation_key, "correlation_key")
+                state = encode_state(state, what, payload_limit, state_type)
+            if shape is not None:
+                shape.append(index)
+            states.append(state)
+            keys.append(correlation_key)
+    except (InvalidInput, SerializationError) as exc:
+        if str(exc).startswith("insert_all takes"):
+            raise
+        # Which spec of a long list: the message names its values, not its place.
+        raise type(exc)(f"item {i} of insert_all: {exc}") from None
     return Batch(shapes, shape, states, keys)
 
 
@@ -582,12 +592,10 @@ def retry(target, *, step: str | None = None, using=None) -> int:
             raise NoTarget(target)
         cls = registry.get(found[1], found[2])
         if step not in cls.steps:
-            import difflib
+            from .machine import step_suggestion
 
-            close = difflib.get_close_matches(step, sorted(cls.steps), n=1)
-            raise InvalidInput(f"{cls.name} v{cls.version} has no step {step!r}"
-                               + (f"; did you mean {close[0]!r}?" if close else "")
-                               + f" Its steps: {', '.join(sorted(cls.steps))}")
+            raise InvalidInput(f"{cls.name} v{cls.version} has no step {step!r}{step_suggestion(cls, step)}"
+                               f" Its steps: {', '.join(sorted(cls.steps))}")
         params["step"] = step
     try:
         with transaction.atomic(using=db.connection(using).alias):

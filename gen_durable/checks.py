@@ -818,7 +818,7 @@ def check_outcome_steps(app_configs=None, **kwargs):
     import inspect
 
     from . import registry
-    from .machine import Machine
+    from .machine import Machine, step_suggestion
     from .source_steps import literal_step_names
 
     errors, seen = [], set()
@@ -839,16 +839,11 @@ def check_outcome_steps(app_configs=None, **kwargs):
             for outcome, step, filename, line in named:
                 if step in cls.steps:
                     continue
-                close = difflib.get_close_matches(step, sorted(cls.steps), n=1)
                 where = f"{filename}:{line}"
-                if callable(inspect.getattr_static(cls, step, None)):
-                    # The commonest cause: the method is there, its decorator is not.
-                    guess = f"; {name}.{step} is a method but not a step: decorate it with @gd.step."
-                else:
-                    guess = f"; did you mean {close[0]!r}?" if close else "."
+                guess = step_suggestion(cls, step)
                 errors.append(Error(
                     f"{name}.{attr} returns {outcome}({step!r}) ({where}), but {name} has no step {step!r}"
-                    + guess,
+                    + (guess if guess.endswith("?") else guess + "."),
                     hint=f"Its steps are {sorted(cls.steps)}; the instance would fail when that line runs "
                          "(a renamed step keeps its old name in `step_aliases`).",
                     obj=cls, id=ID + "E120"))

@@ -58,6 +58,18 @@ def step(fn=None, *, timeout=None):
     return mark(fn) if fn is not None else mark
 
 
+def step_suggestion(cls, name) -> str:
+    """What to say after "`cls` has no step `name`": "; X.name is a method but not a step:
+    decorate it with @gd.step" when the method is there without its decorator, else
+    "; did you mean 'closest'?", else ""."""
+    import difflib
+
+    if isinstance(name, str) and callable(inspect.getattr_static(cls, name, None)):
+        return f"; {cls.name}.{name} is a method but not a step: decorate it with @gd.step"
+    close = difflib.get_close_matches(str(name), sorted(cls.steps), n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
 # Class attributes gen_durable reads (or defines) on a Machine / Job. A class attribute
 # close to one of them but not one (max_attempt, timout) is a typo that would be ignored.
 MACHINE_OPTIONS = frozenset({"abstract", "name", "version", "queue", "initial", "inline_execution",

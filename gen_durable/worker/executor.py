@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import difflib
 import functools
 import inspect
 import logging
@@ -27,7 +26,7 @@ from ..codec import clean_text, encode, encode_state, load_typed, loads, safe_re
 from ..conf import database_alias, get_settings, routed_alias
 from ..exceptions import InvalidOutcome, SerializationError, StepTimeout, TransactionLeftOpen, UnknownMachine
 from ..limiter.config import get_limits, name_of
-from ..machine import Context, Job, Machine, jittered
+from ..machine import Context, Job, Machine, jittered, step_suggestion
 from ..outcomes import KEEP, Await, Done, Next, Retry, ScheduleChildren, Stop
 from . import aio
 from .claims import Claimed
@@ -528,13 +527,8 @@ def _state(value, cls, job, what="state") -> str | None:
 
 def _check_step(cls, name, outcome):
     if name not in cls.steps:
-        if isinstance(name, str) and callable(inspect.getattr_static(cls, name, None)):
-            guess = f"; {cls.name}.{name} is a method but not a step: decorate it with @gd.step"
-        else:
-            close = difflib.get_close_matches(str(name), list(cls.steps), n=1)
-            guess = f"; did you mean {close[0]!r}?" if close else ""
         raise InvalidOutcome(f"{cls.name}: {type(outcome).__name__} names unknown step {name!r}"
-                             + guess + f" (steps are {sorted(cls.steps)})")
+                             + step_suggestion(cls, name) + f" (steps are {sorted(cls.steps)})")
 
 
 def _check_rate(outcome, cls, job):

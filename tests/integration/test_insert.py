@@ -357,12 +357,15 @@ def test_insert_all_keeps_both_readings_of_a_repeated_wall_clock_hour(queues):
 ])
 def test_insert_all_reports_a_faulty_spec_as_insert_does(machine, kwargs):
     # The first spec of each shape gets build_row's checks in build_row's order, so a
-    # spec with several faults fails on the same one as insert(), also after good specs.
+    # spec with several faults fails on the same one as insert(), also after good specs
+    # (the message then says which item).
     with pytest.raises(Exception) as single:
         gd.insert(machine, **kwargs)
     with pytest.raises(Exception) as batch:
         gd.insert_all([gd.Spec(Plain, queue="q")] * 2 + [gd.Spec(machine, **kwargs)])
-    assert (type(batch.value), str(batch.value)) == (type(single.value), str(single.value))
+    placed = isinstance(single.value, (gd.InvalidInput, gd.SerializationError))
+    assert (type(batch.value), str(batch.value)) == (type(single.value),
+                                                     ("item 2 of insert_all: " if placed else "") + str(single.value))
 
 
 def test_insert_all_streams_its_input_rows(monkeypatch):
@@ -387,3 +390,22 @@ def test_insert_all_streams_its_input_rows(monkeypatch):
         raw = cur.fetchone()[0]
     text_plan = raw if isinstance(raw, str) else json.dumps(raw)
     assert '"ProjectSet"' in text_plan and "Function Scan" not in text_plan
+
+
+@pytest.mark.django_db
+def test_a_bad_item_of_insert_all_is_named_by_its_place_and_nothing_is_written():
+    specs = [gd.Spec(Plain, state={"n": i}) for i in range(5)]
+    specs[3] = gd.Spec(Plain, queue="defualt")
+    with pytest.raises(gd.InvalidInput, match=r"^item 3 of insert_all: queue 'defualt' is not declared; "
+                                              r"did you mean 'default'\?"):
+        gd.insert_all(specs)
+    specs[3] = gd.Spec(Plain, state={"when": object()})
+    with pytest.raises(gd.SerializationError, match=r"^item 3 of insert_all: "):
+        gd.insert_all(specs)
+    assert not Instance.objects.exists()
+
+
+@pytest.mark.django_db
+def test_insert_at_a_misspelt_step_names_the_close_one():
+    with pytest.raises(gd.InvalidInput, match=r"has no step 'strat'; did you mean 'start'\?; its steps are"):
+        gd.insert(Counter, step="strat")
