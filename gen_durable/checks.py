@@ -575,18 +575,25 @@ def check_machine_queues(app_configs=None, **kwargs):
     from . import registry
 
     served = _served_queues()
-    warnings = []
-    seen = set()
+    unserved: dict[str, dict] = {}  # queue -> {machine name: its first class}
     for (name, _version), cls in sorted(registry.all_machines().items()):
-        if cls.queue in served or (name, cls.queue) in seen:
-            continue
-        seen.add((name, cls.queue))
-        close = difflib.get_close_matches(cls.queue, served, n=1)
+        if cls.queue not in served:
+            unserved.setdefault(cls.queue, {}).setdefault(name, cls)
+    warnings = []
+    for queue, machines in unserved.items():
+        # One warning per queue: a typo in QUEUES leaves every machine of the queue unserved.
+        names = list(machines)
+        close = difflib.get_close_matches(queue, served, n=1)
         hint = (f"Did you mean {close[0]!r}? " if close else "") + (
-            f"Add {cls.queue!r} to GEN_DURABLE['QUEUES'] (or run `rundurable --queue {cls.queue}`); "
+            f"Add {queue!r} to GEN_DURABLE['QUEUES'] (or run `rundurable --queue {queue}`); "
             f"configured queues: {sorted(served)}.")
-        warnings.append(Warning(f"Machine {name!r} runs on queue {cls.queue!r}, which no configured "
-                                "worker serves.", hint=hint, obj=cls, id=ID + "W003"))
+        if len(names) == 1:
+            who = f"Machine {names[0]!r} runs"
+        else:
+            shown = ", ".join(repr(n) for n in names[:3])
+            who = f"Machines {shown}" + (f" and {len(names) - 3} more" if len(names) > 3 else "") + " run"
+        warnings.append(Warning(f"{who} on queue {queue!r}, which no configured worker serves.",
+                                hint=hint, obj=machines[names[0]], id=ID + "W003"))
     return warnings
 
 

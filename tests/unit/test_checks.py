@@ -520,6 +520,28 @@ def test_the_default_heartbeat_is_20_seconds_for_the_default_lease():
 
     assert get_settings().HEARTBEAT_INTERVAL == 20
 
+def test_machines_of_one_unserved_queue_get_one_warning():
+    import gen_durable as gd
+    from gen_durable import registry
+    from gen_durable.checks import check_machine_queues
+
+    made = []
+    for i in range(5):
+        made.append(type(f"Typo{i}", (gd.Machine,), {"name": f"tests.checks.Typo{i}", "queue": "dfeault",
+                                                     "start": gd.step(lambda self, ctx: gd.Done())}))
+    try:
+        with override_settings(GEN_DURABLE={"QUEUES": {"default": 4}}):
+            found = [m for m in check_machine_queues() if "'dfeault'" in m.msg]
+        assert [(m.id, m.msg) for m in found] == [
+            ("gen_durable.W003", "Machines 'tests.checks.Typo0', 'tests.checks.Typo1', 'tests.checks.Typo2' and 2 "
+                                 "more run on queue 'dfeault', which no configured worker serves.")]
+        assert found[0].obj is made[0] and found[0].hint.startswith("Did you mean 'default'?")
+    finally:
+        for i in range(5):
+            registry._machines.pop((f"tests.checks.Typo{i}", 1), None)
+        registry._known = None
+
+
 def test_a_machine_whose_queue_no_configured_worker_serves_is_warned_about():
     import gen_durable as gd
     from gen_durable import registry
