@@ -14,7 +14,7 @@ from django.conf import settings as django_settings
 from django.core.checks import Error, Tags, Warning, register
 from django.utils.module_loading import import_string
 
-from .conf import DEFAULTS, get_settings, user_settings
+from .conf import DEFAULTS, get_settings, install_hint, user_settings
 from .limiter.config import MAX_GATE_LIMIT, valid_limit_name
 
 ID = "gen_durable."
@@ -392,7 +392,7 @@ def check_opentelemetry(app_configs=None, **kwargs):
                       id=ID + "E050")]
     if on and not available():
         return [Error("GEN_DURABLE['OPENTELEMETRY'] is on but opentelemetry-api is not installed.",
-                      hint="pip install 'gen-durable[otel]' (and an OpenTelemetry SDK with an exporter), "
+                      hint="I" + install_hint("otel")[1:] + ", and an OpenTelemetry SDK with an exporter; "
                            "or turn OPENTELEMETRY off.", id=ID + "E051")]
     return []
 
@@ -427,7 +427,7 @@ def check_notify_and_limiter(app_configs=None, **kwargs):
                 import redis  # noqa: F401
             except ImportError:
                 errors.append(Error("GEN_DURABLE['LIMITER'] selects Redis, but the redis package is not installed.",
-                                    hint="pip install 'gen-durable[redis]'.", id=ID + "E006"))
+                                    hint="I" + install_hint("redis")[1:] + ".", id=ID + "E006"))
     return errors
 
 

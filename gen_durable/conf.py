@@ -171,3 +171,10 @@ def routed_alias(fsm: str, queue: str) -> str | None:
 def _reset(setting, **kwargs):
     if setting in ("GEN_DURABLE", "DATABASES"):
         get_settings.cache_clear()
+
+
+def install_hint(extra: str) -> str:
+    """How to install the optional dependencies `extra` (an extra of pyproject.toml) names,
+    in both forms a user may need: from a checkout, and from a package index."""
+    return (f'install the {extra} extra (pip install -e "/path/to/gen_durable[{extra}]" from a checkout, '
+            f'pip install "gen-durable[{extra}]" from a package index)')

@@ -34,19 +34,19 @@ try:
     from prometheus_client.core import GaugeMetricFamily
     from prometheus_client.exposition import choose_encoder
 except ImportError as exc:  # a web process that lists the view without the extra
-    raise ImportError(f"gen_durable.integrations.prometheus needs prometheus_client ({exc}): install the "
-                      'prometheus extra (pip install -e "/path/to/gen_durable[prometheus]" from a checkout, '
-                      'pip install "gen-durable[prometheus]" from a package index)') from exc
+    from ..conf import install_hint
+
+    raise ImportError(f"gen_durable.integrations.prometheus needs prometheus_client ({exc}): "
+                      f"{install_hint('prometheus')}") from exc
 
 from django.db import DatabaseError
 from django.views.decorators.csrf import csrf_exempt
 
 from .. import db, sql, telemetry
-from ..conf import database_alias, get_settings
+from ..conf import database_alias, get_settings, install_hint
 from ..queues import COUNT_CAP, configured_queues, queue_depth
 
-EXTRA_HINT = ('install the prometheus extra (pip install -e "/path/to/gen_durable[prometheus]" from a checkout, '
-              'pip install "gen-durable[prometheus]" from a package index)')
+EXTRA_HINT = install_hint("prometheus")
 DEFAULT_ADDRESS = "127.0.0.1"
 logger = logging.getLogger("gen_durable.metrics")
 # The `window` label values of the completion gauges, in metrics_completions.sql's column order.

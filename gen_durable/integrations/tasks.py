@@ -57,9 +57,11 @@ else:  # Django 5.2 with the django-tasks backport
         from django_tasks.signals import task_enqueued
         from django_tasks.utils import normalize_json
     except ImportError as exc:  # pragma: no cover - depends on the installed packages
+        from ..conf import install_hint
+
         raise ImproperlyConfigured(
             "gen_durable.tasks needs Django's Tasks framework: Django >= 6.0, or on Django 5.2 the "
-            "django-tasks backport (pip install 'gen-durable[tasks]')"
+            f"django-tasks backport ({install_hint('tasks')})"
         ) from exc
 
 # The framework's own names are re-exported (task, TaskContext, TaskResultStatus, …) so

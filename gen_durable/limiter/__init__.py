@@ -67,7 +67,9 @@ def _build(settings, using) -> Limiter:
         try:
             from .redis import RedisLimiter
         except ImportError as exc:  # pragma: no cover - depends on the environment
-            raise ImportError("GEN_DURABLE['LIMITER'] selects Redis: pip install 'gen-durable[redis]'") from exc
+            from ..conf import install_hint
+
+            raise ImportError(f"GEN_DURABLE['LIMITER'] selects Redis: {install_hint('redis')}") from exc
         return RedisLimiter(lim["URL"], prefix=lim.get("PREFIX", "gen_durable:"), lease_ttl=settings.LEASE_TTL,
                             using=using)
     from .postgres import PostgresLimiter
