@@ -777,7 +777,8 @@ def unknown_rows_text(row) -> str:
 
     versions = sorted(v for (n, v) in registry.all_machines() if n == row["fsm"])
     if not versions:
-        return f"no registered machine is named {row['fsm']!r}"
+        return (f"no registered machine is named {row['fsm']!r} (a worker knows the classes the apps' "
+                "durable.py modules define or import)")
     if row["version"] not in versions:
         return f"{row['fsm']} has versions {', '.join(f'v{v}' for v in versions)} here, not v{row['version']}"
     steps = sorted(registry.step_names(registry.get(row["fsm"], row["version"])))

@@ -305,8 +305,9 @@ def unknown_what(fsm: str, version: int, step: str) -> str:
     """What of (fsm, version, step) this process lacks, in words."""
     versions = sorted(v for (n, v) in registry.all_machines() if n == fsm)
     if not versions:
-        return ("that machine (its durable.py, or tasks.py for a Django task, is imported from the apps in "
-                "INSTALLED_APPS: is the app missing, or is this an older release?)")
+        return ("that machine (a worker imports the durable.py, and tasks.py for a Django task, of the apps in "
+                "INSTALLED_APPS: is the app missing, is the class in a module no durable.py imports, "
+                "or is this an older release?)")
     if version not in versions:
         return f"that version (it has {', '.join(f'v{v}' for v in versions)})"
     return f"that step (steps: {', '.join(sorted(registry.step_names(registry.get(fsm, version))))})"
