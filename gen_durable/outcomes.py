@@ -156,6 +156,16 @@ def format_traceback(error: BaseException) -> str:
     return "".join(top.format())
 
 
+def user_traceback(tb):
+    """`tb` (a traceback object) from its first frame outside the gen_durable package, for
+    a log record's exc_info (the rule of `format_traceback`, for the outermost traceback
+    only); `tb` itself when it has no such frame."""
+    first = tb
+    while first is not None and os.path.abspath(first.tb_frame.f_code.co_filename).startswith(_PACKAGE_DIR):
+        first = first.tb_next
+    return first if first is not None else tb
+
+
 def key_string(value, what: str):
     """Normalise a concurrency or rate key: None, "name" or (name, partition) → "name:partition".
 

@@ -125,7 +125,7 @@ def _log_attempt(job: Claimed, entry: Entry, error: BaseException, handle_error:
     attempt_logger.log(
         level, "%s#%s step %s attempt %s raised %s; %s", job.fsm, job.id, job.step, job.attempt,
         error_text(error) + (f" (handle() then raised {error_text(handle_error)})" if handle_error else ""),
-        what, exc_info=(type(shown), shown, shown.__traceback__),
+        what, exc_info=(type(shown), shown, _outcomes.user_traceback(shown.__traceback__)),
         extra={"gd_id": job.id, "gd_machine": job.fsm, "gd_step": job.step, "gd_attempt": job.attempt,
                "gd_queue": job.queue, "gd_final": final})
 

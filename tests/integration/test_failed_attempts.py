@@ -34,6 +34,9 @@ def test_every_failed_attempt_is_logged_with_its_traceback_warning_then_error(qu
         assert r.exc_info and isinstance(r.exc_info[1], RuntimeError)
     assert "will retry" in records[0].getMessage() and "failed" in records[1].getMessage()
     assert 'raise RuntimeError("smtp down"' in caplog.text  # the formatted traceback is in the log
+    # ...from the step's own frame, as on the row: the worker's frames above it say nothing
+    assert "gen_durable/worker/executor.py" not in caplog.text
+    assert caplog.text.count("Traceback (most recent call last):") == 2
 
 
 def test_last_error_has_one_format_while_retrying_and_when_failed(queue_name):
