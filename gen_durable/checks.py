@@ -79,14 +79,26 @@ def check_queues(app_configs=None, **kwargs):
     if not isinstance(queues, dict):
         return [Error("GEN_DURABLE['QUEUES'] must be a dict of queue name -> concurrency.",
                       hint='For example {"default": 10}.', id=ID + "E002")]
+    from .exceptions import InvalidInput
+    from .outcomes import text
+
     errors = []
     for name, conc in queues.items():
         if not isinstance(name, str) or not name:
             errors.append(Error(f"GEN_DURABLE['QUEUES'] has an invalid queue name {name!r}.",
                                 hint="Queue names are non-empty strings.", id=ID + "E002"))
-        elif not _int(conc, minimum=1):
-            errors.append(Error(f"GEN_DURABLE['QUEUES'][{name!r}] must be a positive int, got {conc!r}.",
-                                hint="It is the number of concurrent steps per worker process.", id=ID + "E002"))
+            continue
+        try:
+            text(name, "queue name")  # what a row's queue column, and insert, take
+        except InvalidInput as exc:
+            errors.append(Error(f"GEN_DURABLE['QUEUES'] has an invalid queue name {name!r}: {exc}.",
+                                hint="Queue names are non-empty strings of at most 255 characters, without NUL.",
+                                id=ID + "E002"))
+        else:
+            if not _int(conc, minimum=1):
+                errors.append(Error(f"GEN_DURABLE['QUEUES'][{name!r}] must be a positive int, got {conc!r}.",
+                                    hint="It is the number of concurrent steps per worker process.",
+                                    id=ID + "E002"))
     return errors
 
 
@@ -113,6 +125,9 @@ def check_extra_queues(app_configs=None, **kwargs):
                                hint="EXTRA_QUEUES is for queues this deployment's workers do not run; remove it.",
                                id=ID + "W062"))
     return out
+
+
+MAX_SETTING_SECONDS = 2_147_483  # 2**31 - 1 milliseconds, Postgres' largest statement_timeout
 
 
 @register(Tags.compatibility)
@@ -147,6 +162,15 @@ def check_timings(app_configs=None, **kwargs):
                                 hint="It bounds the worker's own statements; see docs/reliability.md.", id=ID + "E003"))
     if not _int(s.MAX_PAYLOAD_BYTES, minimum=1):
         errors.append(Error("GEN_DURABLE['MAX_PAYLOAD_BYTES'] must be a positive int.", hint="Bytes of encoded JSON.", id=ID + "E003"))
+    for key in ("LEASE_TTL", "HEARTBEAT_INTERVAL", "POLL_INTERVAL", "MAX_POLL_INTERVAL", "DRAIN_TIMEOUT",
+                "LOCK_TIMEOUT", "STATEMENT_TIMEOUT"):
+        value = getattr(s, key)
+        if _num(value) and value > MAX_SETTING_SECONDS:
+            # Postgres takes a timeout as int milliseconds; a lease or an interval this long
+            # overflows timestamps and thread waits before it means anything.
+            errors.append(Error(f"GEN_DURABLE['{key}'] is {value!r} seconds; the largest is "
+                                f"{MAX_SETTING_SECONDS:,} (about 24.8 days, the longest timeout Postgres takes).",
+                                hint="Durations are seconds (docs/design.md#settings).", id=ID + "E003"))
     if not errors:
         if s.POLL_INTERVAL > s.MAX_POLL_INTERVAL:
             errors.append(Error("GEN_DURABLE['POLL_INTERVAL'] exceeds MAX_POLL_INTERVAL.",
@@ -412,6 +436,11 @@ def check_notify_and_limiter(app_configs=None, **kwargs):
     elif isinstance(lim, dict) and lim.get("BACKEND") == "redis" and not isinstance(lim.get("URL"), str):
         errors.append(Error("GEN_DURABLE['LIMITER'] with BACKEND 'redis' needs a 'URL'.",
                             hint="For example 'redis://127.0.0.1:6379/0'.", id=ID + "E006"))
+    elif isinstance(lim, dict) and lim.get("BACKEND") == "redis" and \
+            lim["URL"].partition("://")[0] not in ("redis", "rediss", "unix"):
+        # The schemes redis-py's from_url takes; anything else fails the worker's start.
+        errors.append(Error(f"GEN_DURABLE['LIMITER']['URL'] must be a redis://, rediss:// or unix:// URL, "
+                            f"got {lim['URL']!r}.", hint="For example 'redis://127.0.0.1:6379/0'.", id=ID + "E006"))
     elif isinstance(lim, dict):
         keys = ("BACKEND", "URL", "PREFIX") if lim.get("BACKEND") == "redis" else ("BACKEND",)
         for k in lim:

@@ -203,7 +203,12 @@ def convert(tp, value):
         return (origin or tp)(items) if (origin or tp) is not list else items
     if origin is dict:
         args = typing.get_args(tp)
-        return {k: convert(args[1], v) for k, v in value.items()} if args else dict(value)
+        if not args:
+            return dict(value)
+        # JSON keys are strings: an int, float, UUID, date... key type is parsed back.
+        key = (lambda k: int(k)) if args[0] is int else (lambda k: float(k)) if args[0] is float \
+            else (lambda k: convert(args[0], k))
+        return {key(k): convert(args[1], v) for k, v in value.items()}
     if dataclasses.is_dataclass(tp):
         return load_typed(tp, value)
     if _is_pydantic(tp):

@@ -21,6 +21,9 @@ from .outcomes import MAX_DELAY, Await, Cancel, Done, Error, Next, Retry, Schedu
 MAX_BACKOFF = 300.0  # seconds: the default backoff's cap (docs/guide.md)
 
 
+MAX_VERSION = 2 ** 31 - 1
+
+
 def check_timeout(value, what):
     """`value` as seconds > 0, or None; raise InvalidInput otherwise."""
     if value is None:
@@ -198,6 +201,9 @@ class Machine:
         text(cls.name, f"{cls.__qualname__}.name")  # it is the rows' fsm column and the registry's key
         if not isinstance(cls.version, int) or isinstance(cls.version, bool) or cls.version < 1:
             raise InvalidInput(f"{cls.__qualname__}.version must be an int >= 1")
+        if cls.version > MAX_VERSION:  # the rows' fsm_version is a Postgres integer
+            raise InvalidInput(f"{cls.__qualname__}.version is {cls.version}; the largest is {MAX_VERSION} "
+                               "(2**31 - 1, a Postgres integer): count versions 1, 2, 3…, not dates")
         if not isinstance(cls.inline_execution, bool):
             raise InvalidInput(f"{cls.__qualname__}.inline_execution must be True or False, "
                                f"got {cls.inline_execution!r}")
@@ -308,6 +314,9 @@ class Job(Machine):
                     or cls.max_attempts < 1):
                 raise InvalidInput(f"{cls.__qualname__}.max_attempts must be an int >= 1")
             cls.timeout = check_timeout(cls.timeout, f"{cls.__qualname__}.timeout")
+            if not callable(cls.backoff):
+                raise InvalidInput(f"{cls.__qualname__}.backoff must be a method backoff(self, attempt) returning "
+                                   f"seconds, got {cls.backoff!r}")
             extra = sorted(a for k in cls.__mro__ if k not in (Job, Machine, object)
                            for a, v in vars(k).items() if getattr(v, "_gd_step", False) is True)
             if extra:  # never both perform and steps: they would never run
@@ -403,6 +412,10 @@ def job(fn=None, *, queue: str = "default", max_attempts: int = 20, name: str | 
     Usage: `@gd.job(queue="email")` above `def send(args): ...`, then
     `gd.insert(send, args={...})` or `send.insert(args={...})`.
     """
+
+    if backoff is not None and not callable(backoff):
+        raise InvalidInput(f"@gd.job(backoff=) takes a function of the attempt number returning seconds "
+                           f"(lambda attempt: 10 * 2 ** attempt), got {backoff!r}")
 
     def wrap(fn):
         arity = len(inspect.signature(fn).parameters)

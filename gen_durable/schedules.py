@@ -46,8 +46,8 @@ from django.db import transaction
 
 from . import db, registry, sql, telemetry
 from .conf import database_alias, get_settings
-from .exceptions import DuplicateInstance, GenDurableError, UnknownMachine
-from .outcomes import MAX_NAME_LENGTH
+from .exceptions import DuplicateInstance, GenDurableError, InvalidInput, UnknownMachine
+from .outcomes import MAX_NAME_LENGTH, text
 
 logger = logging.getLogger("gen_durable.schedules")
 
@@ -144,9 +144,10 @@ def validate(name, cfg, where: str) -> list[str]:
     """Problems with one declared schedule (empty: valid). Each names the entry."""
     if not isinstance(name, str) or not name:
         return [f"{where}: the schedule name must be a non-empty string"]
-    if len(name) > MAX_NAME_LENGTH:
-        return [f"{where}: the schedule name is {len(name)} characters long; the limit is {MAX_NAME_LENGTH} "
-                f"(it starts {name[:40]!r})"]
+    try:
+        text(name, "the schedule name")  # it is a row's key and part of each tick's correlation key
+    except InvalidInput as exc:
+        return [f"{where}: {exc}"]
     if not isinstance(cfg, dict):
         return [f"{where} must be a dict with 'cron' and 'machine', got {cfg!r}"]
     problems = [f"{where} has an unknown key {k!r} (keys: {', '.join(KEYS)})" for k in cfg if k not in KEYS]

@@ -257,6 +257,13 @@ def test_a_schedule_name_over_the_limit_is_a_check_error():
     assert e021({"n" * 255: ok}) == []
 
 
+def test_a_schedule_name_with_a_nul_is_a_check_error():
+    """A NUL passed the check; the sync then failed and disabled every schedule of the process."""
+    ok = {"cron": "0 3 * * *", "machine": "tests.Plain"}
+    [message] = e021({"s\x00": ok, "fine": ok})
+    assert "the schedule name contains a NUL character" in message
+
+
 def test_every_valid_name_gets_a_tick_key_that_fits_and_stays_distinct():
     tick = dt.datetime(2026, 12, 31, 23, 59, 59, 999999, tzinfo=dt.timezone.utc)  # the longest stamp
     short = Schedule("nightly", "0 3 * * *", "tests.Plain", "UTC")

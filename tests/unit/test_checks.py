@@ -117,6 +117,9 @@ def test_common_setting_names_are_not_taken_for_a_misspelt_gen_durable():
 QUEUE_HINT = "It is the number of concurrent steps per worker process."
 
 
+NAME_HINT = "Queue names are non-empty strings of at most 255 characters, without NUL."
+
+
 @pytest.mark.parametrize("queues, expected", [
     ({"default": 0}, [E(2, "GEN_DURABLE['QUEUES']['default'] must be a positive int, got 0.", QUEUE_HINT)]),
     ({"mail": -3}, [E(2, "GEN_DURABLE['QUEUES']['mail'] must be a positive int, got -3.", QUEUE_HINT)]),
@@ -128,7 +131,13 @@ QUEUE_HINT = "It is the number of concurrent steps per worker process."
     (["default"], [E(2, "GEN_DURABLE['QUEUES'] must be a dict of queue name -> concurrency.",
                      'For example {"default": 10}.')]),
     ({"a": 1, "b": 0, "c": 2}, [E(2, "GEN_DURABLE['QUEUES']['b'] must be a positive int, got 0.", QUEUE_HINT)]),
-], ids=["zero", "negative", "string", "float", "bool", "empty-name", "int-name", "not-a-dict", "one-of-three"])
+    ({"default": 2, "a\x00b": 1}, [E(2, "GEN_DURABLE['QUEUES'] has an invalid queue name 'a\\x00b': queue name "
+                                         "contains a NUL character (\\x00), which Postgres text cannot store: "
+                                         "'a\\x00b'.", NAME_HINT)]),
+    ({"q" * 256: 1}, [E(2, f"GEN_DURABLE['QUEUES'] has an invalid queue name {'q' * 256!r}: queue name is 256 "
+                           f"characters long; the limit is 255 (it starts {'q' * 40!r}).", NAME_HINT)]),
+], ids=["zero", "negative", "string", "float", "bool", "empty-name", "int-name", "not-a-dict", "one-of-three",
+        "nul", "too-long"])
 def test_queues_must_map_names_to_positive_ints(queues, expected):
     with override_settings(GEN_DURABLE={"QUEUES": queues}):
         assert checks.check_queues() == expected
@@ -172,6 +181,24 @@ def seconds_error(key, value):
 def test_durations_and_knobs_are_validated(overrides, expected):
     with override_settings(GEN_DURABLE=overrides):
         assert checks.check_timings() == expected
+
+
+@pytest.mark.parametrize("key, value", [("STATEMENT_TIMEOUT", 3_000_000), ("LEASE_TTL", float("inf")),
+                                        ("LEASE_TTL", 1e308), ("LOCK_TIMEOUT", 2_147_484), ("DRAIN_TIMEOUT", 1e12)])
+def test_a_duration_past_what_postgres_and_the_clock_take_is_refused(key, value):
+    # A statement_timeout above 2**31 - 1 ms fails every connection (retried for ever); an
+    # infinite lease overflows the heartbeat's timestamps.
+    overrides = {key: value, **({"STATEMENT_TIMEOUT": 1e7} if key == "LOCK_TIMEOUT" else {})}
+    with override_settings(GEN_DURABLE=overrides):
+        found = [m for m in checks.check_timings() if f"['{key}']" in m.msg]
+    assert [(m.id, m.msg) for m in found] == [(
+        "gen_durable.E003", f"GEN_DURABLE['{key}'] is {value!r} seconds; the largest is 2,147,483 (about "
+                            "24.8 days, the longest timeout Postgres takes).")]
+
+
+@override_settings(GEN_DURABLE={"STATEMENT_TIMEOUT": 2_147_483, "LOCK_TIMEOUT": 2_147_483, "LEASE_TTL": 2_147_483})
+def test_the_largest_durations_are_accepted():
+    assert checks.check_timings() == []
 
 
 @override_settings(GEN_DURABLE={"DRAIN_TIMEOUT": 0, "PREFETCH": 0, "LEASE_TTL": 0.5, "HEARTBEAT_INTERVAL": 0.1,
@@ -298,7 +325,12 @@ def limiter_shape_error(value):
     ({"BACKEND": "memcached"}, [limiter_shape_error({"BACKEND": "memcached"})]),
     ({"BACKEND": "redis"}, [E(6, "GEN_DURABLE['LIMITER'] with BACKEND 'redis' needs a 'URL'.",
                               "For example 'redis://127.0.0.1:6379/0'.")]),
-], ids=["postgres", "postgres-dict", "redis-url", "bare-redis-string", "unknown-backend", "redis-no-url"])
+    ({"BACKEND": "redis", "URL": "http://x"}, [
+        E(6, "GEN_DURABLE['LIMITER']['URL'] must be a redis://, rediss:// or unix:// URL, got 'http://x'.",
+          "For example 'redis://127.0.0.1:6379/0'.")]),
+    ({"BACKEND": "redis", "URL": "rediss://cache:6380/1"}, []),
+], ids=["postgres", "postgres-dict", "redis-url", "bare-redis-string", "unknown-backend", "redis-no-url",
+        "redis-http-url", "rediss-url"])
 def test_limiter_is_postgres_or_redis_with_a_url(limiter, expected):
     with override_settings(GEN_DURABLE={"LIMITER": limiter}):
         assert checks.check_notify_and_limiter() == expected

@@ -127,6 +127,19 @@ def test_legacy_row_whose_jsonb_is_a_json_string_loads():
     assert codec.load_typed(OrderState, legacy) == original
 
 
+def test_a_typed_dict_field_gets_its_int_and_float_keys_back():
+    @dataclasses.dataclass
+    class Tallies:
+        by_price: dict[float, int] = dataclasses.field(default_factory=dict)
+        by_id: dict[int, str] = dataclasses.field(default_factory=dict)
+        by_name: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    value = Tallies(by_price={9.99: 3}, by_id={42: "a"}, by_name={"x": 1.5})
+    encoded = codec.encode_state(value)
+    assert json.loads(encoded)["by_id"] == {"42": "a"}  # JSON's keys are strings...
+    assert codec.load_typed(Tallies, json.loads(encoded)) == value  # ...the annotation parses them back
+
+
 def test_plain_dict_state_uses_djangos_encodings():
     text = codec.encode_state({"at": dt.datetime(2026, 7, 1, 9, 30, tzinfo=dt.timezone.utc),
                                "amount": Decimal("1.50"), "id": uuid.UUID(int=3), "on": dt.date(2026, 7, 1)})

@@ -168,7 +168,7 @@ def test_redefining_a_class_in_the_same_place_replaces_it():
     assert registry.get("tests.unit.reloaded", 1) is new
 
 
-@pytest.mark.parametrize("version", [0, -1, "2", True])
+@pytest.mark.parametrize("version", [0, -1, "2", True, 2 ** 31, 202612071230])
 def test_version_must_be_a_positive_int(version):
     with pytest.raises(gd.InvalidInput, match="version"):
         type("BadVersion", (gd.Machine,), {"version": version, "start": gd.step(lambda self, ctx: gd.Done())})
@@ -460,3 +460,16 @@ def test_job_decorator_takes_a_backoff_function():
         return None
 
     assert quick().backoff(0) == 0.1 and quick().backoff(4) == 0.5
+
+
+def test_a_backoff_that_is_not_callable_is_refused():
+    with pytest.raises(gd.InvalidInput, match=r"@gd.job\(backoff=\) takes a function"):
+        gd.job(backoff=5)
+    with pytest.raises(gd.InvalidInput, match="BadBackoff.backoff must be a method"):
+        type("BadBackoff", (gd.Job,), {"name": "tests.unit.bad_backoff", "backoff": 5,
+                                       "perform": lambda self, args: None})
+
+
+def test_a_version_past_a_postgres_integer_says_why():
+    with pytest.raises(gd.InvalidInput, match=r"version is 202612071230; the largest is 2147483647"):
+        type("Dated", (gd.Machine,), {"version": 202612071230, "start": gd.step(lambda self, ctx: gd.Done())})
