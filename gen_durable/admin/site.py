@@ -10,6 +10,8 @@ import uuid
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.options import IncorrectLookupParameters
+from django.contrib.admin.views.main import ERROR_FLAG
 from django.core.exceptions import ImproperlyConfigured, PermissionDenied
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import DatabaseError
@@ -175,6 +177,24 @@ class StatusFilter(EqualityFilter):
     def lookups(self, request, model_admin):
         return Status.choices
 
+    def queryset(self, request, queryset):
+        if self.value() and self.value() not in Status.values:
+            # The column is a Postgres enum: an unknown value is an error there, not "no rows".
+            raise IncorrectLookupParameters(f"unknown status {self.value()!r}")
+        return super().queryset(request, queryset)
+
+
+class RefusesUnstorableFilters:
+    """A changelist whose query string holds a NUL (no text column can hold one, so the
+    query would fail in Postgres) answers like Django's for any bad lookup: the list
+    again, with `?e=1`'s notice."""
+
+    def changelist_view(self, request, extra_context=None):
+        if any("\x00" in value for values in request.GET.lists() for value in values[1]) or \
+                any("\x00" in key for key in request.GET):
+            return HttpResponseRedirect(request.path + "?" + ERROR_FLAG + "=1")
+        return super().changelist_view(request, extra_context)
+
 
 class QueueFilter(EqualityFilter):
     title = parameter_name = field = "queue"
@@ -220,6 +240,8 @@ class SignalForm(forms.Form):
             return json.loads(self.cleaned_data["payload"])
         except ValueError as exc:
             raise forms.ValidationError(f"not valid JSON: {exc}") from None
+        except RecursionError:  # json.loads of a deeply nested document
+            raise forms.ValidationError("nested too deeply to decode") from None
 
 
 def _queue_choice(value):
@@ -260,7 +282,7 @@ ALL_MATCHING = ("cancel", "retry", "move")  # what bulk.py can do to every row o
 
 
 @admin.register(Instance)
-class InstanceAdmin(admin.ModelAdmin):
+class InstanceAdmin(RefusesUnstorableFilters, admin.ModelAdmin):
     # Fits a 1400 px window beside the filters: status carries the seconds running, the
     # time is compact; priority, eligible_at and whole timestamps are on the detail page.
     list_display = ("id", "machine", "step", "status_running", "queue", "attempt", "updated",
@@ -941,7 +963,7 @@ def _more(n, url, what):
 
 
 @admin.register(Signal)
-class SignalAdmin(admin.ModelAdmin):
+class SignalAdmin(RefusesUnstorableFilters, admin.ModelAdmin):
     list_display = ("id", "target_link", "name", "dedup_key", "payload_short", "inserted_at")
     search_fields = ("=target__id",)
     search_help_text = "A target instance id (its whole inbox), or name:<signal name> with ?target=<id>."
@@ -992,7 +1014,7 @@ class SignalAdmin(admin.ModelAdmin):
         return False
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):
+class ReadOnlyAdmin(RefusesUnstorableFilters, admin.ModelAdmin):
     """The limiter's tables: the limiter owns every write."""
 
     def get_queryset(self, request):

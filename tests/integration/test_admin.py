@@ -73,6 +73,18 @@ def test_changelist_lists_filters_and_searches_without_counting_the_table(admin_
     assert "0 instances" in admin_client.get(CHANGELIST, {"q": queue_name}).content.decode()
 
 
+@pytest.mark.parametrize("url, query", [
+    (CHANGELIST, {"status": "bogus"}), (CHANGELIST, {"queue": "a\x00b"}), (CHANGELIST, {"fsm": "\x00"}),
+    (CHANGELIST, {"correlation_key": "k\x00"}), ("/admin/gen_durable/signal/", {"name": "\x00"}),
+], ids=["status", "queue", "fsm", "correlation-key", "signal-name"])
+def test_a_filter_postgres_cannot_run_answers_like_a_bad_lookup_not_500(admin_client, url, query):
+    # An enum value that does not exist, or a NUL no text column holds, failed in Postgres
+    # (500); Django's answer to a bad lookup is the list again with its ?e=1 notice.
+    response = admin_client.get(url, query)
+    assert (response.status_code, response.headers.get("Location", "").split("?")[-1]) == (302, "e=1")
+    assert admin_client.get(url, {"e": "1"}).status_code == 200
+
+
 def test_filter_choices_come_from_settings_and_registry_not_the_table(admin_client):
     body = admin_client.get(CHANGELIST).content.decode()
     for choice in ("?status=awaiting_children", "?queue=default", "?machine=tests.Counter",
@@ -199,6 +211,9 @@ def test_retry_and_signal_actions_per_row(admin_client, queue_name):
     assert "gd-act-signal" in page and "gd-act-retry" in page
     bad = admin_client.post(_act("signal", parked), {"ids": str(parked), "name": "go", "payload": "{nope"})
     assert bad.status_code == 200 and "not valid JSON" in bad.content.decode()
+    deep = admin_client.post(_act("signal", parked), {"ids": str(parked), "name": "go",
+                                                      "payload": "[" * 100_000 + "]" * 100_000})
+    assert deep.status_code == 200 and "nested too deeply to decode" in deep.content.decode()
     assert not Signal.objects.filter(target_id=parked).exists()
     ok = admin_client.post(_act("signal", parked), {"ids": str(parked), "name": "go", "payload": '{"a": 1}',
                                                      "next": _change(parked)}, follow=True)
