@@ -373,6 +373,7 @@ class Flusher:
         self.retry_window = retry_window  # seconds a failing flush is retried (default: LEASE_TTL)
         self.retries = 0
         self._deferred_since: dict = {}  # id -> monotonic time its outcome was first blocked
+        self._deferred_error: Exception | None = None  # the lock timeout that deferred them
         self.max_batch = max_batch
         # A batch also ends once its outcomes carry max_bytes of encoded data (an outcome
         # larger than that goes alone): memory stays flat whatever the result size.
@@ -529,6 +530,10 @@ class Flusher:
         return self.retry_window if self.retry_window is not None else get_settings().LEASE_TTL
 
     def _flush(self, batch):
+        if self._deferred_since:
+            batch = self._still_locked_out(batch)
+            if not batch:
+                return None
         entries = [e for e, _ in batch]
         started = time.perf_counter()
         deadline = time.monotonic() + self._retry_window()
@@ -665,8 +670,28 @@ class Flusher:
         logger.warning("flush of %d outcomes waited LOCK_TIMEOUT on a row another session holds (%s); "
                        "%d outcome(s) retried later: %s", len(batch), str(exc).strip(), len(blocked),
                        ", ".join(f"{e.fsm}#{e.id}" for e, _ in blocked))
+        self._deferred_error = exc
         self._defer(blocked, exc)
         return None
+
+    def _still_locked_out(self, batch):
+        """`batch` without the outcomes a lock held them back and whose rows are still
+        locked (deferred again, at once): one probe, and only when the batch holds a
+        deferred outcome. Without it each retry would wait LOCK_TIMEOUT again, and
+        every other outcome of the process with it."""
+        deferred = [item for item in batch if item[0].id in self._deferred_since]
+        if not deferred:
+            return batch
+        try:
+            ids = db.pg_array(sorted(e.id for e, _ in deferred))
+            free = {r[0] for r in db.fetchall(_FREE_ROWS, {"ids": ids}, self.using)}
+        except Exception:  # the flush itself will meet (and handle) what failed here
+            logger.debug("probe of deferred outcomes' rows failed", exc_info=True)
+            return batch
+        locked = [item for item in deferred if item[0].id not in free]
+        if locked:
+            self._defer(locked, self._deferred_error)
+        return [item for item in batch if item not in locked]
 
     def _defer(self, items, exc):
         now = time.monotonic()
