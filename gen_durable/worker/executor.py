@@ -319,9 +319,10 @@ def _handled(machine, cls, job: Claimed, ctx: Context, error: BaseException, inl
 async def _arun(cls, job: Claimed, inline: bool = False) -> Entry:
     """`_run` for an `async def` step, on the worker's event loop.
 
-    The step's time budget (`step_timeout`) is enforced by cancelling it
-    (`asyncio.timeout`); it then goes to handle() as `gd.StepTimeout`, as a sync step
-    abandoned past its timeout does. Any other asyncio.CancelledError is not an outcome:
+    The step's time budget (`step_timeout`) is enforced by cancelling it (`_within`); it
+    then goes to handle() as `gd.StepTimeout`, as a sync step abandoned past its timeout
+    does — also when the step ignores the cancellation: it is then left running on the
+    loop, its late outcome dropped. Any other asyncio.CancelledError is not an outcome:
     the task was cancelled (shutdown), so it propagates and nothing is committed — the
     lease brings the row back.
     """
@@ -331,13 +332,11 @@ async def _arun(cls, job: Claimed, inline: bool = False) -> Entry:
     if (exhausted := _exhausted(cls, job)) is not None:
         return exhausted
     timeout = step_timeout(cls, job.step)
-    budget = None
     started = time.monotonic()
     try:
         if cls.State is not None:
             ctx.state = load_typed(cls.State, job.state)
-        async with asyncio.timeout(timeout) as budget:
-            outcome = await getattr(machine, method)(ctx)
+        outcome = await _within(getattr(machine, method)(ctx), timeout, job, "step")
         ids = tuple(s.id for s in awaited) if awaited else ()
         try:
             entry = to_entry(outcome, cls, job, consumed=ids, presented=ids, inline=inline)
@@ -349,7 +348,7 @@ async def _arun(cls, job: Claimed, inline: bool = False) -> Entry:
     except BaseException as error:
         if db.is_connection_error(error) and (retry := connection_retry(error, cls, job)) is not None:
             return retry  # as in _run: retried, not handed to handle()
-        if budget is not None and budget.expired():
+        if isinstance(error, _Overdue):
             elapsed = time.monotonic() - started
             error = StepTimeout(job.step, timeout, elapsed)
             telemetry.emit("step.timeout", {"count": 1, "elapsed": elapsed},
@@ -358,8 +357,7 @@ async def _arun(cls, job: Claimed, inline: bool = False) -> Entry:
         try:
             handle = machine.handle
             if inspect.iscoroutinefunction(handle):
-                async with asyncio.timeout(timeout):
-                    outcome = await handle(error, hctx)
+                outcome = await _within(handle(error, hctx), timeout, job, "handle()")
             elif type(machine).handle in PURE_HANDLES:
                 outcome = handle(error, hctx)  # the built-in ones touch no database
             else:  # a user's sync handle() may use the ORM: Django's rule is off the loop
@@ -370,6 +368,64 @@ async def _arun(cls, job: Claimed, inline: bool = False) -> Entry:
         except BaseException as handle_error:
             return _handle_failed(job, error, handle_error)
         return _with_error(entry, error, machine, job)
+
+
+ASYNC_CANCEL_GRACE = 1.0  # seconds a cancelled async step has to end before it is abandoned
+
+
+class _Overdue(Exception):
+    """An async step (or handle()) ran past its time budget."""
+
+    def __str__(self):
+        return "ran past its time budget"
+
+
+async def _within(coro, timeout, job: Claimed, what: str):
+    """The result of awaiting `coro` (the step's, or handle()'s), run as a task of its own,
+    for at most `timeout` seconds (None: unbounded); raises `_Overdue` past it.
+
+    Past the budget the task is cancelled. One that ignores the cancellation (catches
+    CancelledError and carries on: a bare `except:`, a retry loop) still has not ended
+    ASYNC_CANCEL_GRACE seconds later: it is left running on the loop, as an abandoned sync
+    step's thread is, logged, and whatever it returns is dropped. A step that blocks the
+    loop instead (never awaits) cannot be cancelled: its outcome stands, and the overrun
+    is logged. The own task costs ~10 µs a step; awaiting the step in ours would leave
+    nothing to return to when it swallows the cancellation."""
+    task = asyncio.ensure_future(coro)
+    began = time.monotonic()
+    expired = False
+    try:
+        done, _ = await asyncio.wait((task,), timeout=timeout)
+        if not done:
+            expired = True
+            task.cancel()
+            done, _ = await asyncio.wait((task,), timeout=ASYNC_CANCEL_GRACE)
+    except asyncio.CancelledError:  # the worker's own task (shutdown): the step goes with it
+        task.cancel()
+        raise
+    if not done:
+        logger.warning("async %s %s#%s %s ignored its cancellation at its timeout of %gs: abandoned (it runs on, "
+                       "on the event loop; its late outcome is dropped)", what, job.fsm, job.id, job.step, timeout)
+        task.add_done_callback(functools.partial(_abandoned_done, job, what, began))
+        raise _Overdue
+    if expired:
+        if task.cancelled() or task.exception() is not None:
+            raise _Overdue
+        return task.result()  # it caught the cancellation and returned at once: its outcome
+    elapsed = time.monotonic() - began
+    if timeout is not None and elapsed > timeout:
+        logger.warning("async %s %s#%s %s ran %.1fs without giving the event loop a turn, past its timeout of %gs "
+                       "(an async step must await, never block: every other async step waited); its outcome "
+                       "stands", what, job.fsm, job.id, job.step, elapsed, timeout)
+    return task.result()
+
+
+def _abandoned_done(job, what, began, task):
+    """An abandoned async step finally ended: say so, and retrieve its exception."""
+    error = None if task.cancelled() else task.exception()
+    logger.warning("abandoned async %s %s#%s %s ended after %.1fs (%s); its late outcome is dropped", what,
+                   job.fsm, job.id, job.step, time.monotonic() - began,
+                   "cancelled" if task.cancelled() else error_text(error) if error else "returned")
 
 
 def _handle_failed(job, error, handle_error) -> Entry:

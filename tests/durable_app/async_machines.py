@@ -170,6 +170,32 @@ class AsyncSlow(gd.Machine):
         return gd.Done({"error": type(error).__name__, "timeout": getattr(error, "timeout", None)})
 
 
+class AsyncStubborn(gd.Machine):
+    """An async step with a 0.3 s timeout that swallows every cancellation and goes on for
+    state["for"] seconds (a bare `except:` around an await); then returns Done. state
+    ["block"]: instead, it blocks the loop that long without awaiting (time.sleep)."""
+
+    name = "tests.AsyncStubborn"
+
+    @gd.step(timeout=0.3)
+    async def start(self, ctx):
+        import time
+
+        end = time.monotonic() + ctx.state["for"]
+        if ctx.state.get("block"):
+            time.sleep(ctx.state["for"])
+            return gd.Done({"finished": True})
+        while time.monotonic() < end:
+            try:
+                await asyncio.sleep(0.05)
+            except asyncio.CancelledError:
+                pass
+        return gd.Done({"finished": True})
+
+    def handle(self, error, ctx):
+        return gd.Done({"error": type(error).__name__})
+
+
 class AsyncSlowJob(gd.Job):
     name = "tests.AsyncSlowJob"
     timeout = 0.3

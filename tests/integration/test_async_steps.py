@@ -23,6 +23,7 @@ from tests.durable_app.async_machines import (
     AsyncSleeper,
     AsyncSlow,
     AsyncSlowJob,
+    AsyncStubborn,
     Mixed,
     async_fn_job,
 )
@@ -226,6 +227,35 @@ def test_an_async_step_past_its_timeout_is_cancelled_and_handled_as_step_timeout
     assert row.result == {"attempt": 1} and "StepTimeout" in row.last_error  # retried like any error
     timed_out = {m["id"] for e, _, m in events if e == "step.timeout"}
     assert timed_out == {slow, job}
+
+
+def test_an_async_step_that_swallows_its_cancellation_is_abandoned_into_handle(engine, queue_name, caplog):
+    """It catches CancelledError and runs on: ASYNC_CANCEL_GRACE (1 s) after its timeout it
+    is left to the loop and the instance goes to handle() with StepTimeout, well before
+    the step ends (it would have held the row `executing`, heartbeated, for as long as it
+    ran); its late Done is dropped. Control: `quick`, in the same process, is unaffected."""
+    stubborn = gd.insert(AsyncStubborn, queue=queue_name, state={"for": 6})
+    engine({queue_name: 4})
+    wait_until(lambda: statuses([stubborn]) == ["done"], timeout=4, what="handled well before the step ends")
+    assert Instance.objects.get(id=stubborn).result == {"error": "StepTimeout"}
+    assert any("ignored its cancellation at its timeout of 0.3s: abandoned" in r.getMessage()
+               for r in caplog.records)
+    quick = gd.insert(AsyncSlow, queue=queue_name, state={"sleep": 0})
+    wait_until(lambda: statuses([quick]) == ["done"], what="the loop runs other steps meanwhile")
+    wait_until(lambda: any("abandoned async step" in r.getMessage() and "ended after" in r.getMessage()
+                           for r in caplog.records), timeout=10, what="the abandoned step's end logged")
+    assert Instance.objects.get(id=stubborn).result == {"error": "StepTimeout"}, "its late Done was dropped"
+
+
+def test_an_async_step_that_blocks_the_loop_past_its_timeout_is_logged(engine, queue_name, caplog):
+    """It never awaits, so nothing can cancel it: its outcome stands, and the overrun that
+    held every other async step of the process is said."""
+    blocker = gd.insert(AsyncStubborn, queue=queue_name, state={"for": 1, "block": True})
+    engine({queue_name: 2})
+    wait_until(lambda: statuses([blocker]) == ["done"], what="done")
+    assert Instance.objects.get(id=blocker).result == {"finished": True}
+    assert any("without giving the event loop a turn, past its timeout of 0.3s" in r.getMessage()
+               for r in caplog.records)
 
 
 def test_drain_runs_async_steps_in_the_calling_thread(db):
