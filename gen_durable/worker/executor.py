@@ -389,7 +389,7 @@ async def _within(coro, timeout, job: Claimed, what: str):
     ASYNC_CANCEL_GRACE seconds later: it is left running on the loop, as an abandoned sync
     step's thread is, logged, and whatever it returns is dropped. A step that blocks the
     loop instead (never awaits) cannot be cancelled: its outcome stands, and the overrun
-    is logged. The own task costs ~10 µs a step; awaiting the step in ours would leave
+    is logged. The own task costs ~15 µs a step; awaiting the step in ours would leave
     nothing to return to when it swallows the cancellation."""
     task = asyncio.ensure_future(coro)
     began = time.monotonic()
