@@ -11,17 +11,21 @@ work in a sync step, or off the loop (`asyncio.to_thread`, `sync_to_async`).
 
 Database access from the loop follows Django's async rules: the ORM's async API or
 `sync_to_async`, whose default (`thread_sensitive=True`) runs the call on one shared
-thread — so all async steps of a process use one database connection between them.
+thread — so all async steps of a process use one database connection between them. The
+engine's own statements for async steps (a buffered row's re-check, a continued step's
+admission) run on a thread of their own instead (`engine_call`): a step whose sync call
+never returns holds the shared thread, and must not hold every other async step's start.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 
 _lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
+_engine: ThreadPoolExecutor | None = None  # the engine's own thread for async steps (`engine_call`)
 
 
 def get_loop() -> asyncio.AbstractEventLoop:
@@ -67,6 +71,33 @@ def run(coro, timeout: float | None = None):
     return submit(coro).result(timeout)
 
 
+def _bind_engine_thread():
+    from . import connections
+
+    connections.bind("async engine", persistent=True)
+
+
+def _engine_run(fn, args):
+    from django.db import close_old_connections
+
+    close_old_connections()  # a connection an earlier call broke (a server restart) is replaced
+    return fn(*args)
+
+
+async def engine_call(fn, *args):
+    """`fn(*args)`, a short engine statement for an async step, on the engine's own thread
+    (its own connection, the engine's statement options), awaited from the loop. Not on
+    Django's shared sync thread, which a step's `sync_to_async` call may hold for as long
+    as it runs, past the step's timeout too. Raises what `fn` raises."""
+    global _engine
+    with _lock:
+        if _engine is None:
+            _engine = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gd-async-engine",
+                                         initializer=_bind_engine_thread)
+        engine = _engine
+    return await asyncio.get_running_loop().run_in_executor(engine, _engine_run, fn, args)
+
+
 def on_loop() -> bool:
     """Whether the calling thread is the step loop's."""
     try:
@@ -76,7 +107,8 @@ def on_loop() -> bool:
 
 
 def close_sync_thread_connections(timeout: float = 5.0) -> None:
-    """Close the database connections of the thread `sync_to_async` runs on.
+    """Close the database connections of the thread `sync_to_async` runs on, and of the
+    engine's own (`engine_call`).
 
     Async steps reach the database through Django's shared sync thread; a stopping
     worker closes its connection there as it closes its roles' own. No-op when no
@@ -91,3 +123,5 @@ def close_sync_thread_connections(timeout: float = 5.0) -> None:
         await sync_to_async(connections.close_all)()
 
     run(close(), timeout)
+    if _engine is not None:
+        _engine.submit(connections.close_all).result(timeout)

@@ -307,7 +307,8 @@ def connection_need(queues: dict, *, processes: int = 1, reaper: bool = True, gc
     """Connections a `rundurable` host holds at most: a dict of parts and the "total".
 
     Per process: Σ step threads (a queue's concurrency; one thread for a queue whose
-    machines are all `async def`, `registry.step_threads`) + one for every async step (Django's shared sync thread) + one feeder per
+    machines are all `async def`, `registry.step_threads`) + two for every async step (Django's shared sync thread and
+    the engine's own, `aio.engine_call`) + one feeder per
     queue + flusher + heartbeat + timer + reaper + listener (not behind a pooler, not with
     NOTIFY 'none') + the main thread (+ one for the queue gauges' statement when metrics
     are collected: `gauges`, a short-lived connection of the collecting thread); the first
@@ -318,7 +319,7 @@ def connection_need(queues: dict, *, processes: int = 1, reaper: bool = True, gc
         listener = s.NOTIFY == "postgres" and not pooled()
     per_process = {
         "step threads": sum(registry.step_threads(q, c) for q, c in queues.items()),
-        "async steps": 1,
+        "async steps": 2,  # Django's shared sync thread, and the engine's own (aio.engine_call)
         "feeders": len(queues),
         "flusher": 1,
         "heartbeat": 1,

@@ -636,9 +636,9 @@ class Scheduler:
         try:
             # A buffered row is re-checked before it starts, as a sync step's is; a dropped
             # one leaves below like a step that submitted nothing.
-            # A fresh row starts without the hop to Django's shared sync thread (which all
-            # async steps of the process queue for): only a stale one needs the statement.
-            if job.prefetched and not self._fresh(job) and not await sync_to_async(self._owned)(job):
+            # A fresh row starts without the hop to the engine's thread: only a stale one
+            # needs the statement.
+            if job.prefetched and not self._fresh(job) and not await aio.engine_call(self._owned, job):
                 return
             await self.arun_chain(job)
             submitted = True
@@ -843,7 +843,7 @@ class Scheduler:
         covers waits for that answer; when the statement fails, the starting row runs and
         the others of the batch re-check themselves. Rows claimed for a free slot start at
         once without the check, so with PREFETCH = 0 the hot path is unchanged. Used by sync steps'
-        threads and (through sync_to_async) by async steps. False: logged and reported
+        threads and (through aio.engine_call) by async steps. False: logged and reported
         as stale."""
         while True:
             # Fresh (from its claim, a re-check or an inline commit): no lock. A re-check
@@ -1110,12 +1110,12 @@ class Scheduler:
     async def arun_chain(self, job) -> None:
         """`run_chain` for `async def` steps, on the event loop: same order, same guard.
 
-        Limiter admission goes through sync_to_async, as Django requires of database
-        work from async code.
+        Limiter admission runs off the loop on the engine's own thread (`aio.engine_call`),
+        as Django requires of database work from async code.
         """
         started, steps = self._chain_of(job)
         if steps > 1:
-            if self._needs_admission(job) and not await sync_to_async(self._admit)(job):
+            if self._needs_admission(job) and not await aio.engine_call(self._admit, job):
                 return self._requeue(job, steps - 1)
             self._continued(job, steps - 1)
         allowed = self._may_inline(started, steps)

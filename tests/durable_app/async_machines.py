@@ -196,6 +196,24 @@ class AsyncStubborn(gd.Machine):
         return gd.Done({"error": type(error).__name__})
 
 
+HOLD_SYNC_THREAD = threading.Event()  # set to let AsyncSyncBlock's sync call return
+
+
+class AsyncSyncBlock(gd.Machine):
+    """An async step (timeout 0.5 s) whose sync call holds Django's shared sync thread
+    until HOLD_SYNC_THREAD is set (a socket read without a timeout, say)."""
+
+    name = "tests.AsyncSyncBlock"
+
+    @gd.step(timeout=0.5)
+    async def start(self, ctx):
+        await sync_to_async(HOLD_SYNC_THREAD.wait)(60)
+        return gd.Done({"finished": True})
+
+    async def handle(self, error, ctx):  # a sync one would run on the held thread too
+        return gd.Done({"error": type(error).__name__})
+
+
 class AsyncSlowJob(gd.Job):
     name = "tests.AsyncSlowJob"
     timeout = 0.3

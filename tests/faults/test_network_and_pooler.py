@@ -55,7 +55,7 @@ def test_a_worker_that_cannot_fit_max_connections_is_refused_naming_the_numbers(
     assert proc.returncode != 0
     # 3 × (40 step threads + async steps + 1 feeder + flusher + heartbeat + timer + reaper
     # + listener + main) + GC
-    assert "needs up to 145 database connections" in stderr, stderr[-2000:]
+    assert "needs up to 148 database connections" in stderr, stderr[-2000:]
     assert f"the server allows {usable}" in stderr
 
 

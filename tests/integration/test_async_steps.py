@@ -21,6 +21,7 @@ from tests.durable_app.async_machines import (
     AsyncJob,
     AsyncKinds,
     AsyncSleeper,
+    AsyncSyncBlock,
     AsyncSlow,
     AsyncSlowJob,
     AsyncStubborn,
@@ -256,6 +257,29 @@ def test_an_async_step_that_blocks_the_loop_past_its_timeout_is_logged(engine, q
     assert Instance.objects.get(id=blocker).result == {"finished": True}
     assert any("without giving the event loop a turn, past its timeout of 0.3s" in r.getMessage()
                for r in caplog.records)
+
+
+def test_a_step_holding_the_shared_sync_thread_does_not_hold_other_async_steps(engine, settings, queue_name):
+    """A step's sync_to_async call that does not return holds Django's shared sync thread,
+    past the step's timeout too. The engine's own statements for async steps (a buffered
+    row's re-check) run on a thread of their own (aio.engine_call), so buffered async
+    rows that need no sync call still start and finish meanwhile. Control: on the shared
+    thread (sync_to_async) they waited, re-check pending, until the call returned."""
+    from tests.durable_app.async_machines import HOLD_SYNC_THREAD
+
+    settings.GEN_DURABLE = {**settings.GEN_DURABLE, "PREFETCH": 50}
+    HOLD_SYNC_THREAD.clear()
+    try:
+        blocker = gd.insert(AsyncSyncBlock, queue=queue_name)
+        engine({queue_name: 4})
+        wait_until(lambda: statuses([blocker]) == ["done"], what="the blocker timed out and handled")
+        assert Instance.objects.get(id=blocker).result == {"error": "StepTimeout"}
+        ids = gd.insert_all([gd.Spec(AsyncSleeper, state={"sleep": 0.2}, queue=queue_name) for _ in range(40)])
+        wait_until(lambda: statuses(ids) == ["done"] * 40, timeout=30,
+                   what="buffered async rows re-checked and run while the shared thread is held")
+        assert not HOLD_SYNC_THREAD.is_set()
+    finally:
+        HOLD_SYNC_THREAD.set()
 
 
 def test_drain_runs_async_steps_in_the_calling_thread(db):

@@ -682,7 +682,7 @@ def test_queues_that_cannot_fit_max_connections_are_an_error_with_database(setti
     assert error.id == "gen_durable.E031"
     need = int(error.msg.split("needs up to ", 1)[1].split()[0])
     assert need > limit  # the step threads alone take every slot, the roles come on top
-    assert f"1 process(es) × ({limit} step threads + 1 for async steps + 1 feeder (one per queue) + 1 flusher" in error.msg
+    assert f"1 process(es) × ({limit} step threads + 2 for async steps + 1 feeder (one per queue) + 1 flusher" in error.msg
     assert f"max_connections {limit}" in error.msg and "--processes" not in error.msg
     assert checks.check_connection_budget() == []  # only with --database
     settings.GEN_DURABLE = {**settings.GEN_DURABLE, "QUEUES": {"default": 4}}
