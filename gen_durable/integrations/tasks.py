@@ -533,3 +533,49 @@ def check_task_backends(app_configs=None, **kwargs):
                      "deployment's workers run them, or remove them from TASKS.",
                 id="gen_durable.E061"))
     return errors
+
+
+# Live task rows per backend alias (the alias is in the state only when it is not "default").
+_ROWS_BY_ALIAS = (
+    "SELECT COALESCE(state->>'backend', %(default)s), count(*), min(id) FROM gen_durable "
+    "WHERE status NOT IN ('done', 'failed') AND step = %(step)s AND state ? 'args' AND state ? 'kwargs' "
+    "GROUP BY 1 ORDER BY 1")
+
+
+@checks.register(checks.Tags.database)
+def check_task_row_aliases(app_configs=None, databases=None, **kwargs):
+    """W063 (with `check --database`): live task rows enqueued through a TASKS alias this
+    release does not have as a GenDurableBackend (renamed or removed while rows were
+    queued). A worker of this release fails such a row when it claims it, its body unrun.
+    Reads every live row (as W060 does)."""
+    if not databases:
+        return []
+    tasks_setting = getattr(django_settings, "TASKS", None)
+    known, stores = set(), {get_settings().DATABASE}
+    for alias, params in (tasks_setting.items() if isinstance(tasks_setting, dict) else ()):
+        try:
+            backend = task_backends[alias]
+        except Exception:  # an invalid alias: E060 and the framework report it
+            continue
+        if isinstance(backend, GenDurableBackend):
+            known.add(alias)
+            stores.add(backend.database)
+    from django.db import DatabaseError
+
+    out = []
+    for using in sorted(a for a in stores if a in databases):
+        try:
+            rows = db.fetchall(_ROWS_BY_ALIAS, {"default": DEFAULT_TASK_BACKEND_ALIAS, "step": STEP}, using)
+        except DatabaseError:  # not migrated, or no server: other checks say so
+            continue
+        for alias, count, example in rows:
+            if alias in known:
+                continue
+            out.append(checks.Warning(
+                f"{count:,} live task row{'s' if count != 1 else ''} in database {using!r} "
+                f"{'were' if count != 1 else 'was'} enqueued through TASKS[{alias!r}] (e.g. id {example}), which "
+                "this release has no gen_durable backend for: a worker of this release fails them unrun.",
+                hint=f"Keep TASKS[{alias!r}] until they have run (a renamed alias: keep the old name beside the "
+                     "new one), or keep a worker of the release that has it (docs/tasks.md, \"Deploying\").",
+                id="gen_durable.W063"))
+    return out

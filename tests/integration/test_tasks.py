@@ -155,6 +155,25 @@ def test_retries_follow_the_backend_options_and_keep_every_error():
     assert [e.exception_class_path for e in gone.errors] == ["builtins.KeyError"] * 3
 
 
+def test_live_task_rows_of_an_alias_the_release_lacks_are_warned_about():
+    """A deploy that renames a TASKS alias while rows enqueued through it wait: W063 names
+    the old alias, with the count and an example id (such a row would fail unrun)."""
+    from gen_durable.integrations.tasks import check_task_row_aliases
+
+    queued = [t.flaky.enqueue(3), t.flaky.enqueue(3)]
+    t.noop.enqueue()  # through "default", which stays
+    assert check_task_row_aliases(databases=["default"]) == []
+    renamed = {k: v for k, v in settings.TASKS.items() if k != "retrying"}
+    renamed["retry3"] = settings.TASKS["retrying"]
+    with override_settings(TASKS=renamed):
+        (warning,) = check_task_row_aliases(databases=["default"])
+        assert check_task_row_aliases() == []  # only with --database
+    assert warning.id == "gen_durable.W063"
+    assert warning.msg == (f"2 live task rows in database 'default' were enqueued through TASKS['retrying'] "
+                           f"(e.g. id {min(int(r.id) for r in queued)}), which this release has no gen_durable "
+                           "backend for: a worker of this release fails them unrun.")
+
+
 def test_the_default_backend_does_not_retry():
     result = t.fail.enqueue("once")
     assert testing.drain()["retry"] == 0
