@@ -365,6 +365,9 @@ async def _arun(cls, job: Claimed, inline: bool = False) -> Entry:
             entry = to_entry(outcome, cls, job, consumed=(), presented=(), inline=inline)
         except asyncio.CancelledError:
             raise
+        except _Overdue:
+            return _handle_failed(job, error, TimeoutError(f"handle() did not return within the step timeout "
+                                                           f"of {timeout:g}s"))
         except BaseException as handle_error:
             return _handle_failed(job, error, handle_error)
         return _with_error(entry, error, machine, job)

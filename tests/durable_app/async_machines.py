@@ -192,7 +192,15 @@ class AsyncStubborn(gd.Machine):
                 pass
         return gd.Done({"finished": True})
 
-    def handle(self, error, ctx):
+    async def handle(self, error, ctx):
+        import time
+
+        end = time.monotonic() + ctx.state.get("handle_for", 0)  # state["handle_for"]: it swallows too
+        while time.monotonic() < end:
+            try:
+                await asyncio.sleep(0.05)
+            except asyncio.CancelledError:
+                pass
         return gd.Done({"error": type(error).__name__})
 
 

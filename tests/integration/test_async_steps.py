@@ -248,6 +248,17 @@ def test_an_async_step_that_swallows_its_cancellation_is_abandoned_into_handle(e
     assert Instance.objects.get(id=stubborn).result == {"error": "StepTimeout"}, "its late Done was dropped"
 
 
+def test_an_async_handle_that_swallows_its_cancellation_fails_the_instance(engine, queue_name):
+    """handle(StepTimeout) swallows its own cancellation too: it is abandoned in turn and
+    the instance fails, saying why (a sync handle() abandoned past the timeout does the same)."""
+    both = gd.insert(AsyncStubborn, queue=queue_name, state={"for": 6, "handle_for": 6})
+    engine({queue_name: 2})
+    wait_until(lambda: statuses([both]) == ["failed"], timeout=5, what="failed well before either ends")
+    assert Instance.objects.get(id=both).last_error.startswith(
+        "handle() failed: TimeoutError: handle() did not return within the step timeout of 0.3s "
+        "(while handling StepTimeout: step 'start' ran past its timeout of 0.3s (abandoned after 1.")
+
+
 def test_an_async_step_that_blocks_the_loop_past_its_timeout_is_logged(engine, queue_name, caplog):
     """It never awaits, so nothing can cancel it: its outcome stands, and the overrun that
     held every other async step of the process is said."""
