@@ -238,7 +238,10 @@ def insert(machine, *, state=None, args=None, step=None, queue=None, priority=0,
             warn_outside_atomic("insert", row.fsm, using)
     found = db.fetchone(sql.INSERT, params, using)
     if found is None:
-        raise DuplicateInstance(row.correlation_key)
+        # Who holds the key, for the message: one more statement, on this path only.
+        holder = db.fetchone("SELECT id FROM gen_durable WHERE correlation_guard = %(key)s",
+                             {"key": row.correlation_key}, using)
+        raise DuplicateInstance(row.correlation_key, holder[0] if holder else None)
     return found[0]
 
 

@@ -10,12 +10,15 @@ class GenDurableError(Exception):
 class DuplicateInstance(GenDurableError):
     """`insert` found its correlation key occupied (docs/design.md#identity).
 
-    Attributes: `correlation_key` (str).
+    Attributes: `correlation_key` (str); `existing_id` (int | None), the instance that
+    holds the key, when `insert` could read it (None if it finished meanwhile).
     """
 
-    def __init__(self, correlation_key):
+    def __init__(self, correlation_key, existing_id=None):
         self.correlation_key = correlation_key
-        super().__init__(f"an instance with correlation_key {correlation_key!r} is already live")
+        self.existing_id = existing_id
+        held = f" (instance {existing_id})" if existing_id is not None else ""
+        super().__init__(f"an instance with correlation_key {correlation_key!r} is already live{held}")
 
 
 class NoTarget(GenDurableError, LookupError):

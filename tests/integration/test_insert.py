@@ -103,11 +103,12 @@ def test_priority_and_weight_and_keys_are_stored(settings):
         assert cur.fetchone()[0] == "gate"
 
 
-def test_duplicate_correlation_key_raises_and_writes_nothing():
-    gd.insert(Plain, correlation_key="order:1")
+def test_duplicate_correlation_key_raises_naming_the_holder_and_writes_nothing():
+    holder = gd.insert(Plain, correlation_key="order:1")
     with pytest.raises(gd.DuplicateInstance) as err:
         gd.insert(Plain, correlation_key="order:1")
-    assert err.value.correlation_key == "order:1"
+    assert (err.value.correlation_key, err.value.existing_id) == ("order:1", holder)
+    assert str(err.value) == f"an instance with correlation_key 'order:1' is already live (instance {holder})"
     assert Instance.objects.filter(correlation_key="order:1").count() == 1
 
 
