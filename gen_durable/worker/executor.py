@@ -348,12 +348,18 @@ async def _arun(cls, job: Claimed, inline: bool = False) -> Entry:
     except BaseException as error:
         if db.is_connection_error(error) and (retry := connection_retry(error, cls, job)) is not None:
             return retry  # as in _run: retried, not handed to handle()
+        hctx = dataclasses.replace(ctx, awaited=[], all=[], children=[])
         if isinstance(error, _Overdue):
             elapsed = time.monotonic() - started
             error = StepTimeout(job.step, timeout, elapsed)
             telemetry.emit("step.timeout", {"count": 1, "elapsed": elapsed},
                            {"id": job.id, "fsm": job.fsm, "step": job.step, "timeout": timeout})
-        hctx = dataclasses.replace(ctx, awaited=[], all=[], children=[])
+            # The committed state: an abandoned step may still be mutating ctx.state.
+            try:
+                state = loads(job.raw_state) if job.raw_state is not None else job.state
+                hctx.state = load_typed(cls.State, state) if cls.State is not None else state
+            except BaseException as exc:
+                return stop_entry(job, f"{error_text(error)}; its state no longer decodes: {error_text(exc)}")
         try:
             handle = machine.handle
             if inspect.iscoroutinefunction(handle):
@@ -374,6 +380,10 @@ async def _arun(cls, job: Claimed, inline: bool = False) -> Entry:
 
 
 ASYNC_CANCEL_GRACE = 1.0  # seconds a cancelled async step has to end before it is abandoned
+
+
+class StepCancelled(Exception):
+    """An async step's own code raised asyncio.CancelledError (not a timeout, not a shutdown)."""
 
 
 class _Overdue(Exception):
@@ -409,12 +419,18 @@ async def _within(coro, timeout, job: Claimed, what: str):
     if not done:
         logger.warning("async %s %s#%s %s ignored its cancellation at its timeout of %gs: abandoned (it runs on, "
                        "on the event loop; its late outcome is dropped)", what, job.fsm, job.id, job.step, timeout)
-        task.add_done_callback(functools.partial(_abandoned_done, job, what, began))
+        # Its name now: a chain's claim moves on to its next step in place (`continuation`).
+        task.add_done_callback(functools.partial(_abandoned_done, f"{job.fsm}#{job.id} {job.step}", what, began))
         raise _Overdue
     if expired:
         if task.cancelled() or task.exception() is not None:
             raise _Overdue
         return task.result()  # it caught the cancellation and returned at once: its outcome
+    if task.cancelled():
+        # Not ours (not the budget, and the worker's task was not cancelled, or the wait
+        # above would have raised): the step's own code cancelled it (a cancelled helper
+        # it awaited). An error of the step, for handle(), not a shutdown to leave to the lease.
+        raise StepCancelled(f"the async {what} was cancelled by its own code (asyncio.CancelledError)")
     elapsed = time.monotonic() - began
     if timeout is not None and elapsed > timeout:
         logger.warning("async %s %s#%s %s ran %.1fs without giving the event loop a turn, past its timeout of %gs "
@@ -423,11 +439,12 @@ async def _within(coro, timeout, job: Claimed, what: str):
     return task.result()
 
 
-def _abandoned_done(job, what, began, task):
-    """An abandoned async step finally ended: say so, and retrieve its exception."""
+def _abandoned_done(name, what, began, task):
+    """An abandoned async step (`name`: "fsm#id step") finally ended: say so, and retrieve
+    its exception."""
     error = None if task.cancelled() else task.exception()
-    logger.warning("abandoned async %s %s#%s %s ended after %.1fs (%s); its late outcome is dropped", what,
-                   job.fsm, job.id, job.step, time.monotonic() - began,
+    logger.warning("abandoned async %s %s ended after %.1fs (%s); its late outcome is dropped", what, name,
+                   time.monotonic() - began,
                    "cancelled" if task.cancelled() else error_text(error) if error else "returned")
 
 

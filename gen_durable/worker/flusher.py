@@ -652,13 +652,12 @@ class Flusher:
         """
         entries = [e for e, _ in batch]
         try:
-            ids = db.pg_array(sorted(e.id for e in entries))
-            free = {r[0] for r in db.fetchall(_FREE_ROWS, {"ids": ids}, self.using)}
+            locked = self._locked(entries)
         except Exception as probe_exc:
             self._close()
             return self._fail(batch, probe_exc, reconnect=True)
-        blocked = [item for item in batch if item[0].id not in free]
-        ready = [item for item in batch if item[0].id in free]
+        blocked = [item for item in batch if item[0].id in locked]
+        ready = [item for item in batch if item[0].id not in locked]
         if blocked and ready:
             self._flush(ready)
         elif len(batch) > 1:
@@ -683,15 +682,22 @@ class Flusher:
         if not deferred:
             return batch
         try:
-            ids = db.pg_array(sorted(e.id for e, _ in deferred))
-            free = {r[0] for r in db.fetchall(_FREE_ROWS, {"ids": ids}, self.using)}
+            ids = self._locked([e for e, _ in deferred])
         except Exception:  # the flush itself will meet (and handle) what failed here
             logger.debug("probe of deferred outcomes' rows failed", exc_info=True)
             return batch
-        locked = [item for item in deferred if item[0].id not in free]
+        locked = [item for item in deferred if item[0].id in ids]
         if locked:
             self._defer(locked, self._deferred_error)
         return [item for item in batch if item not in locked]
+
+    def _locked(self, entries) -> set:
+        """Ids of `entries` whose row, or whose parent's row (a child's end takes its
+        parent's lock to count it off the join), another session holds locked now: one
+        `SKIP LOCKED` probe. Raises what the statement raises."""
+        rows = {e.id for e in entries} | {e.parent_id for e in entries if e.parent_id is not None}
+        free = {r[0] for r in db.fetchall(_FREE_ROWS, {"ids": db.pg_array(sorted(rows))}, self.using)}
+        return {e.id for e in entries if e.id not in free or (e.parent_id is not None and e.parent_id not in free)}
 
     def _defer(self, items, exc):
         now = time.monotonic()

@@ -204,6 +204,53 @@ class AsyncStubborn(gd.Machine):
         return gd.Done({"error": type(error).__name__})
 
 
+class AsyncTicker(gd.Machine):
+    """Swallows its cancellation at its 0.3 s timeout and goes on writing ctx.state["ticks"]
+    for 2 s; its handle() awaits a little and returns the state it was given: it must be
+    the committed one, not the one the abandoned step keeps writing."""
+
+    name = "tests.AsyncTicker"
+    inline_execution = True
+
+    @gd.step(timeout=0.3)
+    async def start(self, ctx):
+        import time
+
+        end = time.monotonic() + 2
+        while time.monotonic() < end:
+            ctx.state["ticks"] = ctx.state.get("ticks", 0) + 1
+            try:
+                await asyncio.sleep(0.01)
+            except asyncio.CancelledError:
+                pass
+        return gd.Done({"late": True})
+
+    @gd.step
+    async def after(self, ctx):
+        return gd.Done({"state": ctx.state})
+
+    async def handle(self, error, ctx):
+        await asyncio.sleep(0.2)
+        return gd.Next("after", state=ctx.state)
+
+
+class AsyncSelfCancel(gd.Machine):
+    """Awaits a helper that something else cancels (a library's own task): the step's own
+    CancelledError, which is an error for handle(), not a shutdown."""
+
+    name = "tests.AsyncSelfCancel"
+
+    @gd.step(timeout=30)
+    async def start(self, ctx):
+        inner = asyncio.ensure_future(asyncio.sleep(10))
+        asyncio.get_running_loop().call_later(0.05, inner.cancel)
+        await inner
+        return gd.Done({})
+
+    def handle(self, error, ctx):
+        return gd.Done({"handled": type(error).__name__, "message": str(error)})
+
+
 HOLD_SYNC_THREAD = threading.Event()  # set to let AsyncSyncBlock's sync call return
 
 

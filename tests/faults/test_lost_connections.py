@@ -231,24 +231,31 @@ def test_untouched_holds_for_a_socket_above_fd_setsize(transactional_db):
             os.close(f)
 
 
-def test_an_outcome_a_lock_holds_back_makes_no_later_flush_wait(committed, settings, queue_name, caplog):
-    """Once an outcome is held back by another session's lock, its retries do not put the
-    next batches behind LOCK_TIMEOUT again: while the lock lasts, every other outcome
-    commits at once and exactly one flush ever waited. Control: without the probe of
-    the deferred rows (`Flusher._still_locked_out`) each retry (every 0.5 s) waited
-    LOCK_TIMEOUT with whatever batch it joined."""
+@pytest.mark.parametrize("locked", ["its own row", "its parent's row"])
+def test_an_outcome_a_lock_holds_back_makes_no_later_flush_wait(committed, settings, queue_name, caplog, locked):
+    """Once an outcome is held back by another session's lock (on its row, or on its
+    parent's, which a child's end counts off), its retries do not put the next batches
+    behind LOCK_TIMEOUT again: while the lock lasts, every other outcome commits at once
+    and exactly one flush ever waited. Control: without the probe of the deferred rows
+    and their parents (`Flusher._still_locked_out`, `_locked`) each retry (every 0.5 s)
+    waited LOCK_TIMEOUT with whatever batch it joined."""
     from gen_durable.outcomes import Done
     from gen_durable.worker import claims, executor
     from gen_durable.worker.flusher import Flusher
 
     settings.GEN_DURABLE = {**settings.GEN_DURABLE, "LOCK_TIMEOUT": 1}
     ids = gd.insert_all([gd.Spec(Recorder, state={}, queue=queue_name) for _ in range(8)])
+    target = ids[0]
+    if locked == "its parent's row":
+        target = gd.insert(Recorder, state={}, queue=queue_name + "-parents")
+        Instance.objects.filter(id=target).update(status="awaiting_children", children_pending=1)
+        Instance.objects.filter(id=ids[0]).update(parent_id=target)
     jobs = {j.id: j for j in claims.pick(queue_name, 8, "lock-worker", 60)}
     entry = {i: executor.to_entry(Done({}), Recorder, jobs[i], consumed=(), presented=()) for i in ids}
     flusher = Flusher(max_delay=0).start()
     try:
         with caplog.at_level("WARNING", logger="gen_durable.flusher"), other_session() as other:
-            other.execute("SELECT id FROM gen_durable WHERE id = %s FOR UPDATE", [ids[0]])
+            other.execute("SELECT id FROM gen_durable WHERE id = %s FOR UPDATE", [target])
             assert flusher.commit(entry[ids[1]]) == "committed"  # the connection is warm
             blocked = flusher.submit(entry[ids[0]], wait=True)
             for i in ids[2:]:  # one outcome every 0.4 s for ~3 s while the lock is held

@@ -20,11 +20,13 @@ from tests.durable_app.async_machines import (
     AsyncInlineChain,
     AsyncJob,
     AsyncKinds,
+    AsyncSelfCancel,
     AsyncSleeper,
-    AsyncSyncBlock,
     AsyncSlow,
     AsyncSlowJob,
     AsyncStubborn,
+    AsyncSyncBlock,
+    AsyncTicker,
     Mixed,
     async_fn_job,
 )
@@ -243,9 +245,30 @@ def test_an_async_step_that_swallows_its_cancellation_is_abandoned_into_handle(e
                for r in caplog.records)
     quick = gd.insert(AsyncSlow, queue=queue_name, state={"sleep": 0})
     wait_until(lambda: statuses([quick]) == ["done"], what="the loop runs other steps meanwhile")
-    wait_until(lambda: any("abandoned async step" in r.getMessage() and "ended after" in r.getMessage()
+    wait_until(lambda: any(f"abandoned async step tests.AsyncStubborn#{stubborn} start ended after" in r.getMessage()
                            for r in caplog.records), timeout=10, what="the abandoned step's end logged")
     assert Instance.objects.get(id=stubborn).result == {"error": "StepTimeout"}, "its late Done was dropped"
+
+
+def test_handle_of_an_abandoned_async_step_sees_the_committed_state(engine, queue_name):
+    """The abandoned step goes on writing ctx.state while handle() runs; handle() (and what
+    it commits) gets the state as committed at the claim. Control: handle() shared the
+    step's dict, and the late writes were committed."""
+    ticker = gd.insert(AsyncTicker, queue=queue_name, state={"n": 1})
+    engine({queue_name: 2})
+    wait_until(lambda: statuses([ticker]) == ["done"], timeout=10, what="handled and moved on")
+    assert Instance.objects.get(id=ticker).result == {"state": {"n": 1}}
+
+
+def test_an_async_steps_own_cancelled_error_goes_to_handle(engine, queue_name, caplog):
+    """Not a timeout, not a shutdown: the step is handled once (it was re-run every lease,
+    logged as "cancelled at shutdown")."""
+    own = gd.insert(AsyncSelfCancel, queue=queue_name)
+    engine({queue_name: 2})
+    wait_until(lambda: statuses([own]) == ["done"], what="handled")
+    assert Instance.objects.get(id=own).result == {
+        "handled": "StepCancelled", "message": "the async step was cancelled by its own code (asyncio.CancelledError)"}
+    assert not any("cancelled at shutdown" in r.getMessage() for r in caplog.records)
 
 
 def test_an_async_handle_that_swallows_its_cancellation_fails_the_instance(engine, queue_name):
