@@ -1227,7 +1227,8 @@ class Scheduler:
                 claimed = 0
                 interval = min(max(interval, self.s.POLL_INTERVAL) * 2, self.s.MAX_POLL_INTERVAL)
             else:
-                failures.succeeded()
+                if not leases_lost:  # unhealthy, run_once claims nothing and asks nothing
+                    failures.succeeded()
                 if claimed or self.in_flight:
                     interval = self.s.POLL_INTERVAL
                 else:

@@ -137,7 +137,7 @@ def test_an_outage_logs_one_line_per_role_then_one_when_it_succeeds_again(own_cl
     log = tmp_path / "worker.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(MANAGE + ["rundurable", "--queue", "calm=1", "--verbosity", "1"], cwd=ROOT,
-                                env=env_for(own_cluster, POLL_INTERVAL=0.05, MAX_POLL_INTERVAL=0.2,
+                                env=env_for(own_cluster, POLL_INTERVAL=0.05, MAX_POLL_INTERVAL=0.2, LEASE_TTL=2,
                                             HEARTBEAT_INTERVAL=0.5, REAPER={"INTERVAL": 0.5}),
                                 stdout=out, stderr=subprocess.STDOUT, text=True)
     try:
@@ -161,6 +161,10 @@ def test_an_outage_logs_one_line_per_role_then_one_when_it_succeeds_again(own_cl
     assert len(failed) == 1 and "(1 in a row)" in failed[0], text[-3000:]
     (again,) = [line for line in text.splitlines() if "pick on queue calm succeeds again" in line]
     assert int(again.rsplit("after ", 1)[1].split()[0]) >= 5, again  # the failures were counted, not logged
+    # The outage outlasts the 2 s lease: picks pause, asking nothing, until the heartbeat
+    # is back; that pause is no recovery (it was logged as one, mid-outage).
+    lines = text.splitlines()
+    assert lines.index(again) > next(i for i, x in enumerate(lines) if "the heartbeat succeeds again" in x)
     for role, line in (("heartbeat", "heartbeat failed"), ("reaper", "reaper failed"),
                        ("listener connection", "listener connection lost")):
         failed = [x for x in text.splitlines() if line in x]
