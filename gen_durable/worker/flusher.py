@@ -373,7 +373,7 @@ class Flusher:
         self.retry_window = retry_window  # seconds a failing flush is retried (default: LEASE_TTL)
         self.retries = 0
         self._deferred_since: dict = {}  # id -> monotonic time its outcome was first blocked
-        self._deferred_error: Exception | None = None  # the lock timeout that deferred them
+        self._deferred_why: dict = {}  # id -> the error that deferred its outcome (lock or key conflict)
         self.max_batch = max_batch
         # A batch also ends once its outcomes carry max_bytes of encoded data (an outcome
         # larger than that goes alone): memory stays flat whatever the result size.
@@ -582,6 +582,7 @@ class Flusher:
         stale = {e.id for e in result.stale}
         for entry, fut in batch:
             self._deferred_since.pop(entry.id, None)
+            self._deferred_why.pop(entry.id, None)
             if fut is not None:
                 fut.set_result("stale" if entry.id in stale else "committed")
         # The timeline last: the chains and step threads this commit frees go on
@@ -669,7 +670,6 @@ class Flusher:
         logger.warning("flush of %d outcomes waited LOCK_TIMEOUT on a row another session holds (%s); "
                        "%d outcome(s) retried later: %s", len(batch), str(exc).strip(), len(blocked),
                        ", ".join(f"{e.fsm}#{e.id}" for e, _ in blocked))
-        self._deferred_error = exc
         self._defer(blocked, exc)
         return None
 
@@ -687,8 +687,8 @@ class Flusher:
             logger.debug("probe of deferred outcomes' rows failed", exc_info=True)
             return batch
         locked = [item for item in deferred if item[0].id in ids]
-        if locked:
-            self._defer(locked, self._deferred_error)
+        for item in locked:
+            self._defer([item], self._deferred_why.get(item[0].id) or FlushError("its row is locked by another session"))
         return [item for item in batch if item not in locked]
 
     def _locked(self, entries) -> set:
@@ -701,6 +701,8 @@ class Flusher:
 
     def _defer(self, items, exc):
         now = time.monotonic()
+        for e, _ in items:
+            self._deferred_why[e.id] = exc
         late = [it for it in items if now - self._deferred_since.setdefault(it[0].id, now) > self._retry_window()]
         keep = [it for it in items if it not in late]
         if late:
@@ -723,6 +725,9 @@ class Flusher:
     def _fail(self, batch, exc, *, reconnect):
         """Nothing of `batch` committed: the rows stay executing until their leases lapse."""
         entries = [e for e, _ in batch]
+        for e in entries:  # a later outcome of the row starts its own retry window
+            self._deferred_since.pop(e.id, None)
+            self._deferred_why.pop(e.id, None)
         logger.error("flush of %d outcomes failed: %s", len(entries), exc)
         telemetry.emit("flush.error", {"count": len(entries)}, {"error": repr(exc)})
         if reconnect:
