@@ -109,15 +109,18 @@ class NotRetryable(GenDurableError):
 
 
 class StepTimeout(GenDurableError, TimeoutError):
-    """A step ran past its timeout and was abandoned; `handle()` receives this.
+    """A step ran past its timeout; `handle()` receives this.
 
-    Attributes: `step` (str), `timeout` (seconds allowed), `elapsed` (seconds it had run).
-    The step's thread cannot be killed: whatever it returns later is dropped.
+    Attributes: `step` (str), `timeout` (seconds allowed), `elapsed` (seconds it had run),
+    `cancelled` (bool): True for an async step that ended on its cancellation. Otherwise
+    the step was abandoned: a thread cannot be killed (nor an async step that ignores its
+    cancellation), and whatever it returns later is dropped.
     """
 
-    def __init__(self, step, timeout, elapsed):
-        self.step, self.timeout, self.elapsed = step, timeout, elapsed
-        super().__init__(f"step {step!r} ran past its timeout of {timeout:g}s (abandoned after {elapsed:.1f}s)")
+    def __init__(self, step, timeout, elapsed, cancelled=False):
+        self.step, self.timeout, self.elapsed, self.cancelled = step, timeout, elapsed, cancelled
+        how = "cancelled" if cancelled else "abandoned"
+        super().__init__(f"step {step!r} ran past its timeout of {timeout:g}s ({how} after {elapsed:.1f}s)")
 
 
 class LeaseExpired(GenDurableError):

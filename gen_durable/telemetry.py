@@ -53,8 +53,9 @@ or `stop`, what handle(StepTimeout) did), from the thread that ran handle() and 
 outcome was dropped; error None) from that thread.
 `gen_durable.otel` (gen_durable/integrations/otel.py) turns these events into OpenTelemetry spans and metrics.
 
-`step.slow` is emitted once per step still running after SLOW_STEP_SECONDS (sync steps,
-in the queue's feeder thread), with a WARNING on `gen_durable.worker`; the step goes on.
+`step.slow` is emitted once per step still running after SLOW_STEP_SECONDS (a sync step's
+from the queue's feeder thread, an async step's from the event loop), with a WARNING on
+`gen_durable.worker`; the step goes on.
 
 `inline.yield` reasons: "bound" (INLINE's MAX_STEPS / MAX_SECONDS), "key" (a new
 concurrency key goes through the pick), "throttled" (the limiter denied the next step),

@@ -351,29 +351,32 @@ async def _arun(cls, job: Claimed, inline: bool = False) -> Entry:
         hctx = dataclasses.replace(ctx, awaited=[], all=[], children=[])
         if isinstance(error, _Overdue):
             elapsed = time.monotonic() - started
-            error = StepTimeout(job.step, timeout, elapsed)
+            error = StepTimeout(job.step, timeout, elapsed, cancelled=not error.abandoned)
             telemetry.emit("step.timeout", {"count": 1, "elapsed": elapsed},
                            {"id": job.id, "fsm": job.fsm, "step": job.step, "timeout": timeout})
-            # The committed state: an abandoned step may still be mutating ctx.state.
             try:
-                state = loads(job.raw_state) if job.raw_state is not None else job.state
-                hctx.state = load_typed(cls.State, state) if cls.State is not None else state
+                hctx.state = _committed_state(cls, job)
             except BaseException as exc:
                 return stop_entry(job, f"{error_text(error)}; its state no longer decodes: {error_text(exc)}")
+        shared = False  # whether handle() runs on Django's shared sync thread
         try:
             handle = machine.handle
             if inspect.iscoroutinefunction(handle):
                 outcome = await _within(handle(error, hctx), timeout, job, "handle()")
             elif type(machine).handle in PURE_HANDLES:
                 outcome = handle(error, hctx)  # the built-in ones touch no database
-            else:  # a user's sync handle() may use the ORM: Django's rule is off the loop
-                outcome = await sync_to_async(handle)(error, hctx)
+            else:  # a user's sync handle() may use the ORM: Django's rule is off the loop;
+                # bounded too: Django's shared sync thread may be held by a step's stuck call
+                shared = True
+                outcome = await _within(sync_to_async(handle)(error, hctx), timeout, job, "handle()")
             entry = to_entry(outcome, cls, job, consumed=(), presented=(), inline=inline)
         except asyncio.CancelledError:
             raise
         except _Overdue:
+            why = (" (a sync handle() of an async machine runs on Django's shared sync thread, which a "
+                   "sync_to_async call of a step may hold: make it async def)") if shared else ""
             return _handle_failed(job, error, TimeoutError(f"handle() did not return within the step timeout "
-                                                           f"of {timeout:g}s"))
+                                                           f"of {timeout:g}s{why}"))
         except BaseException as handle_error:
             return _handle_failed(job, error, handle_error)
         return _with_error(entry, error, machine, job)
@@ -387,44 +390,72 @@ class StepCancelled(Exception):
 
 
 class _Overdue(Exception):
-    """An async step (or handle()) ran past its time budget."""
+    """An async step (or handle()) ran past its time budget; `abandoned`: it ignored its
+    cancellation and runs on (else it ended, cancelled)."""
+
+    def __init__(self, abandoned: bool):
+        super().__init__()
+        self.abandoned = abandoned
 
     def __str__(self):
         return "ran past its time budget"
 
 
+# Async steps (and handle()s) abandoned past their timeout that have not ended yet, in
+# this process: they still run on the event loop. Read and written on the loop only.
+_abandoned_tasks = 0
+
+
+def abandoned_async_steps() -> int:
+    """How many abandoned async steps (and handle()s) of this process still run on its
+    event loop (the async counterpart of `Scheduler.stuck`)."""
+    return _abandoned_tasks
+
+
 async def _within(coro, timeout, job: Claimed, what: str):
     """The result of awaiting `coro` (the step's, or handle()'s), run as a task of its own,
-    for at most `timeout` seconds (None: unbounded); raises `_Overdue` past it.
+    for at most `timeout` seconds (None: unbounded); raises `_Overdue` past it. A step
+    still running after SLOW_STEP_SECONDS is reported once (`report_slow`), as a sync
+    step is by its queue's feeder.
 
     Past the budget the task is cancelled. One that ignores the cancellation (catches
     CancelledError and carries on: a bare `except:`, a retry loop) still has not ended
     ASYNC_CANCEL_GRACE seconds later: it is left running on the loop, as an abandoned sync
-    step's thread is, logged, and whatever it returns is dropped. A step that blocks the
-    loop instead (never awaits) cannot be cancelled: its outcome stands, and the overrun
-    is logged. The own task costs ~15 µs a step; awaiting the step in ours would leave
-    nothing to return to when it swallows the cancellation."""
+    step's thread is, logged, counted (`abandoned_async_steps`), and whatever it returns is
+    dropped. A step that blocks the loop instead (never awaits) cannot be cancelled: its
+    outcome stands, and the overrun is logged. The own task costs ~15 µs a step; awaiting
+    the step in ours would leave nothing to return to when it swallows the cancellation."""
+    global _abandoned_tasks
     task = asyncio.ensure_future(coro)
     began = time.monotonic()
+    slow = get_settings().SLOW_STEP_SECONDS if what == "step" else None
     expired = False
     try:
-        done, _ = await asyncio.wait((task,), timeout=timeout)
-        if not done:
+        if slow is not None and (timeout is None or slow < timeout):
+            await asyncio.wait((task,), timeout=slow)
+            if not task.done():
+                report_slow(job, time.monotonic() - began, slow)
+        if not task.done():
+            left = None if timeout is None else max(timeout - (time.monotonic() - began), 0.0)
+            await asyncio.wait((task,), timeout=left)
+        if not task.done():
             expired = True
             task.cancel()
-            done, _ = await asyncio.wait((task,), timeout=ASYNC_CANCEL_GRACE)
+            await asyncio.wait((task,), timeout=ASYNC_CANCEL_GRACE)
     except asyncio.CancelledError:  # the worker's own task (shutdown): the step goes with it
         task.cancel()
         raise
-    if not done:
+    if not task.done():
+        _abandoned_tasks += 1
         logger.warning("async %s %s#%s %s ignored its cancellation at its timeout of %gs: abandoned (it runs on, "
-                       "on the event loop; its late outcome is dropped)", what, job.fsm, job.id, job.step, timeout)
+                       "on the event loop; its late outcome is dropped; %d abandoned async step(s) in this "
+                       "process)", what, job.fsm, job.id, job.step, timeout, _abandoned_tasks)
         # Its name now: a chain's claim moves on to its next step in place (`continuation`).
         task.add_done_callback(functools.partial(_abandoned_done, f"{job.fsm}#{job.id} {job.step}", what, began))
-        raise _Overdue
+        raise _Overdue(abandoned=True)
     if expired:
         if task.cancelled() or task.exception() is not None:
-            raise _Overdue
+            raise _Overdue(abandoned=False)
         return task.result()  # it caught the cancellation and returned at once: its outcome
     if task.cancelled():
         # Not ours (not the budget, and the worker's task was not cancelled, or the wait
@@ -442,10 +473,26 @@ async def _within(coro, timeout, job: Claimed, what: str):
 def _abandoned_done(name, what, began, task):
     """An abandoned async step (`name`: "fsm#id step") finally ended: say so, and retrieve
     its exception."""
+    global _abandoned_tasks
+    _abandoned_tasks -= 1
     error = None if task.cancelled() else task.exception()
-    logger.warning("abandoned async %s %s ended after %.1fs (%s); its late outcome is dropped", what, name,
-                   time.monotonic() - began,
-                   "cancelled" if task.cancelled() else error_text(error) if error else "returned")
+    logger.warning("abandoned async %s %s ended after %.1fs (%s); its late outcome is dropped (%d abandoned async "
+                   "step(s) still run in this process)", what, name, time.monotonic() - began,
+                   "cancelled" if task.cancelled() else error_text(error) if error else "returned", _abandoned_tasks)
+
+
+def report_slow(job: Claimed, elapsed: float, threshold: float) -> None:
+    """Report `job`'s step, still running `elapsed` seconds after it started, past
+    SLOW_STEP_SECONDS (`threshold`): a WARNING on gen_durable.worker and a `step.slow`
+    event (docs/observability.md#slow-steps). Called once per step; the step goes on."""
+    attempt_logger.warning(
+        "%s#%s step %s attempt %s has been running for %.0f s (SLOW_STEP_SECONDS=%gs) on queue %s",
+        job.fsm, job.id, job.step, job.attempt, elapsed, threshold, job.queue,
+        extra={"gd_id": job.id, "gd_machine": job.fsm, "gd_step": job.step, "gd_attempt": job.attempt,
+               "gd_queue": job.queue, "gd_elapsed": elapsed})
+    telemetry.emit("step.slow", {"count": 1, "elapsed": elapsed},
+                   {"id": job.id, "fsm": job.fsm, "step": job.step, "attempt": job.attempt,
+                    "queue": job.queue, "threshold": threshold})
 
 
 def _handle_failed(job, error, handle_error) -> Entry:
@@ -527,18 +574,23 @@ def _execute_timeout(job: Claimed, timeout: float, elapsed: float) -> Entry:
     except UnknownMachine as exc:
         return stop_entry(job, str(exc))
     machine = cls()
-    # The committed state: the abandoned thread may still be mutating job.state.
-    state = loads(job.raw_state) if job.raw_state is not None else job.state
-    ctx = Context(id=job.id, step=job.step, state=state, attempt=job.attempt, queue=job.queue,
+    ctx = Context(id=job.id, step=job.step, state=None, attempt=job.attempt, queue=job.queue,
                   correlation_key=job.correlation_key, machine=machine, database=job.database)
     try:
-        if cls.State is not None:
-            ctx.state = load_typed(cls.State, state)
+        ctx.state = _committed_state(cls, job)
     except BaseException as exc:
         return stop_entry(job, f"{error_text(error)}; its state no longer decodes: {error_text(exc)}")
     # On a step thread (clean between steps) a transaction handle() leaves open is
     # rolled back here, as after any step, not blamed on the thread's next step.
     return _handled(machine, cls, job, ctx, error, clean=db.thread_is_clean())
+
+
+def _committed_state(cls, job: Claimed):
+    """`job`'s state as its claim read it (typed by `cls.State`), for handle(StepTimeout):
+    not the step's `ctx.state`, which the abandoned step may still be mutating. Raises
+    what decoding raises."""
+    state = loads(job.raw_state) if job.raw_state is not None else job.state
+    return load_typed(cls.State, state) if cls.State is not None else state
 
 
 @functools.lru_cache(maxsize=1024)

@@ -33,10 +33,9 @@ from .claims import abandon, adopt_known, pick, reclaim, release, still_owned
 from .roles import FailureLog
 from . import aio
 from .executor import (StepWhere, aexecute, continuation, emit_stop, error_text, execute, execute_timeout, is_async,
-                       job_timeout, past_deadline, requeue_entry, stop_entry)
+                       job_timeout, past_deadline, report_slow, requeue_entry, stop_entry)
 
 logger = logging.getLogger("gen_durable.scheduler")
-attempt_logger = logging.getLogger("gen_durable.worker")  # per-step reports (executor.py)
 
 # A margin past any lease: every claim of a process known to be dead is taken.
 DEAD_MARGIN = 10 * 365 * 86400.0
@@ -962,8 +961,8 @@ class Scheduler:
         return max(min(left), 0.0) if left else None
 
     def report_slow(self, now: float | None = None) -> int:
-        """Report, once each, the sync steps running for SLOW_STEP_SECONDS or longer: a
-        WARNING on gen_durable.worker and a `step.slow` event. Return how many. The step
+        """Report, once each, the sync steps running for SLOW_STEP_SECONDS or longer
+        (`executor.report_slow`; async steps report themselves). Return how many. The step
         keeps running (its timeout, MAX_STEP_SECONDS or its own, still applies)."""
         slow = self.s.SLOW_STEP_SECONDS
         if slow is None:
@@ -976,14 +975,7 @@ class Scheduler:
                     r.slow = True
                     found.append((r.job, now - r.started))
         for job, elapsed in found:
-            attempt_logger.warning(
-                "%s#%s step %s attempt %s has been running for %.0f s (SLOW_STEP_SECONDS=%gs) on queue %s",
-                job.fsm, job.id, job.step, job.attempt, elapsed, slow, self.queue,
-                extra={"gd_id": job.id, "gd_machine": job.fsm, "gd_step": job.step, "gd_attempt": job.attempt,
-                       "gd_queue": self.queue, "gd_elapsed": elapsed})
-            telemetry.emit("step.slow", {"count": 1, "elapsed": elapsed},
-                           {"id": job.id, "fsm": job.fsm, "step": job.step, "attempt": job.attempt,
-                            "queue": self.queue, "threshold": slow})
+            report_slow(job, elapsed, slow)
         return len(found)
 
     def abandon_overdue(self, now: float | None = None) -> int:

@@ -16,6 +16,20 @@ def record(ctx, what=""):
             f.write(f"{ctx.id} {ctx.step}{what} {ctx.attempt} {threading.current_thread().name} {os.getpid()}\n")
 
 
+async def ignoring_cancellation(seconds, tick=lambda: None, every=0.05):
+    """Await for `seconds`, calling `tick()` each `every` s, catching every CancelledError
+    (a bare `except:` around an await): a step that will not be cancelled."""
+    import time
+
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        tick()
+        try:
+            await asyncio.sleep(every)
+        except asyncio.CancelledError:
+            pass
+
+
 class AsyncSleeper(gd.Machine):
     """One async step: await asyncio.sleep(state["sleep"]) then done; logs start and end."""
 
@@ -181,27 +195,15 @@ class AsyncStubborn(gd.Machine):
     async def start(self, ctx):
         import time
 
-        end = time.monotonic() + ctx.state["for"]
         if ctx.state.get("block"):
             time.sleep(ctx.state["for"])
-            return gd.Done({"finished": True})
-        while time.monotonic() < end:
-            try:
-                await asyncio.sleep(0.05)
-            except asyncio.CancelledError:
-                pass
+        else:
+            await ignoring_cancellation(ctx.state["for"])
         return gd.Done({"finished": True})
 
     async def handle(self, error, ctx):
-        import time
-
-        end = time.monotonic() + ctx.state.get("handle_for", 0)  # state["handle_for"]: it swallows too
-        while time.monotonic() < end:
-            try:
-                await asyncio.sleep(0.05)
-            except asyncio.CancelledError:
-                pass
-        return gd.Done({"error": type(error).__name__})
+        await ignoring_cancellation(ctx.state.get("handle_for", 0))  # state["handle_for"]: it swallows too
+        return gd.Done({"error": type(error).__name__, "message": str(error)})
 
 
 class AsyncTicker(gd.Machine):
@@ -214,15 +216,10 @@ class AsyncTicker(gd.Machine):
 
     @gd.step(timeout=0.3)
     async def start(self, ctx):
-        import time
-
-        end = time.monotonic() + 2
-        while time.monotonic() < end:
+        def tick():
             ctx.state["ticks"] = ctx.state.get("ticks", 0) + 1
-            try:
-                await asyncio.sleep(0.01)
-            except asyncio.CancelledError:
-                pass
+
+        await ignoring_cancellation(2, tick, every=0.01)
         return gd.Done({"late": True})
 
     @gd.step
@@ -266,6 +263,16 @@ class AsyncSyncBlock(gd.Machine):
         return gd.Done({"finished": True})
 
     async def handle(self, error, ctx):  # a sync one would run on the held thread too
+        return gd.Done({"error": type(error).__name__})
+
+
+class AsyncSyncBlockSyncHandle(AsyncSyncBlock):
+    """AsyncSyncBlock with a sync handle(): it may use the ORM, so it runs on Django's
+    shared sync thread, which the timed-out step's call still holds."""
+
+    name = "tests.AsyncSyncBlockSyncHandle"
+
+    def handle(self, error, ctx):
         return gd.Done({"error": type(error).__name__})
 
 

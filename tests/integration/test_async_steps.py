@@ -14,6 +14,7 @@ from django.db import connection
 import gen_durable as gd
 from gen_durable.models import Instance
 from gen_durable.testing import drain
+from gen_durable.worker import executor
 from tests.conftest import wait_until
 from tests.durable_app.async_machines import (
     AsyncAppName,
@@ -26,6 +27,7 @@ from tests.durable_app.async_machines import (
     AsyncSlowJob,
     AsyncStubborn,
     AsyncSyncBlock,
+    AsyncSyncBlockSyncHandle,
     AsyncTicker,
     Mixed,
     async_fn_job,
@@ -228,6 +230,7 @@ def test_an_async_step_past_its_timeout_is_cancelled_and_handled_as_step_timeout
     assert Instance.objects.get(id=own).result == {"error": "TimeoutError", "timeout": None}
     row = Instance.objects.get(id=job)
     assert row.result == {"attempt": 1} and "StepTimeout" in row.last_error  # retried like any error
+    assert "(cancelled after 0." in row.last_error  # it ended on its cancellation: not abandoned
     timed_out = {m["id"] for e, _, m in events if e == "step.timeout"}
     assert timed_out == {slow, job}
 
@@ -240,14 +243,16 @@ def test_an_async_step_that_swallows_its_cancellation_is_abandoned_into_handle(e
     stubborn = gd.insert(AsyncStubborn, queue=queue_name, state={"for": 6})
     engine({queue_name: 4})
     wait_until(lambda: statuses([stubborn]) == ["done"], timeout=4, what="handled well before the step ends")
-    assert Instance.objects.get(id=stubborn).result == {"error": "StepTimeout"}
+    handled = Instance.objects.get(id=stubborn).result
+    assert handled["error"] == "StepTimeout" and "(abandoned after 1." in handled["message"]
     assert any("ignored its cancellation at its timeout of 0.3s: abandoned" in r.getMessage()
-               for r in caplog.records)
+               and "abandoned async step(s) in this process" in r.getMessage() for r in caplog.records)
+    assert executor.abandoned_async_steps() >= 1  # counted while it runs on (a 6 s step)
     quick = gd.insert(AsyncSlow, queue=queue_name, state={"sleep": 0})
     wait_until(lambda: statuses([quick]) == ["done"], what="the loop runs other steps meanwhile")
     wait_until(lambda: any(f"abandoned async step tests.AsyncStubborn#{stubborn} start ended after" in r.getMessage()
                            for r in caplog.records), timeout=10, what="the abandoned step's end logged")
-    assert Instance.objects.get(id=stubborn).result == {"error": "StepTimeout"}, "its late Done was dropped"
+    assert Instance.objects.get(id=stubborn).result == handled, "its late Done was dropped"
 
 
 def test_handle_of_an_abandoned_async_step_sees_the_committed_state(engine, queue_name):
@@ -312,6 +317,26 @@ def test_a_step_holding_the_shared_sync_thread_does_not_hold_other_async_steps(e
         wait_until(lambda: statuses(ids) == ["done"] * 40, timeout=30,
                    what="buffered async rows re-checked and run while the shared thread is held")
         assert not HOLD_SYNC_THREAD.is_set()
+    finally:
+        HOLD_SYNC_THREAD.set()
+
+
+def test_a_sync_handle_behind_the_held_shared_sync_thread_fails_the_instance_at_the_timeout(engine, queue_name):
+    """The step timed out in a sync_to_async call that still holds Django's shared sync
+    thread; the machine's sync handle() runs on that thread too. It is bounded by the step
+    timeout as an async handle() is: the instance fails, saying why. Control: awaited
+    unbounded, the row stayed `executing`, heartbeated, until the call returned."""
+    from tests.durable_app.async_machines import HOLD_SYNC_THREAD
+
+    HOLD_SYNC_THREAD.clear()
+    try:
+        stuck = gd.insert(AsyncSyncBlockSyncHandle, queue=queue_name)
+        engine({queue_name: 2})
+        wait_until(lambda: statuses([stuck]) == ["failed"], timeout=5, what="failed at handle()'s budget")
+        assert not HOLD_SYNC_THREAD.is_set()
+        assert Instance.objects.get(id=stuck).last_error.startswith(
+            "handle() failed: TimeoutError: handle() did not return within the step timeout of 0.5s (a sync "
+            "handle() of an async machine runs on Django's shared sync thread")
     finally:
         HOLD_SYNC_THREAD.set()
 

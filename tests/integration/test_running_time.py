@@ -16,6 +16,7 @@ from django.urls import reverse
 import gen_durable as gd
 from gen_durable.models import Instance
 from tests.conftest import wait_until
+from tests.durable_app.async_machines import AsyncSleeper
 from tests.durable_app.time_machines import Counter, HangsDefault, gate
 from tests.factories import ExecutingFactory, InstanceFactory
 
@@ -83,6 +84,26 @@ def test_a_step_past_slow_step_seconds_is_reported_once_and_keeps_running(engine
     assert slow[0][1]["threshold"] == 0.3 and "elapsed" in slow[0][0]
     [record] = [r for r in caplog.records if getattr(r, "gd_elapsed", None) is not None]
     assert record.levelno == logging.WARNING and record.gd_id == hung and "SLOW_STEP_SECONDS" in record.getMessage()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_async_step_past_slow_step_seconds_is_reported_once_and_keeps_running(engine, queue_name, events, caplog):
+    """As a sync step is, by the step's own wait on the event loop (its timeout, 3600 s by
+    default, is far off). Control: the quick async step is not reported."""
+    caplog.set_level(logging.WARNING, logger="gen_durable.worker")
+    with override_settings(GEN_DURABLE={"QUEUES": {queue_name: 2}, "SLOW_STEP_SECONDS": 0.3}):
+        engine({queue_name: 2})
+        quick = gd.insert(AsyncSleeper, queue=queue_name, state={"sleep": 0})
+        hung = gd.insert(AsyncSleeper, queue=queue_name, state={"sleep": 1.5})
+        wait_until(lambda: any(e == "step.slow" for e, _, _ in events), what="step.slow")
+        assert Instance.objects.get(id=hung).status == "executing"  # reported, not stopped
+        wait_until(lambda: Instance.objects.get(id=hung).status == "done", what="the slow step finished")
+        assert Instance.objects.get(id=quick).status == "done"
+    slow = [(m, md) for e, m, md in events if e == "step.slow"]
+    assert [md["id"] for _, md in slow] == [hung]
+    assert slow[0][1]["threshold"] == 0.3 and slow[0][1]["queue"] == queue_name and slow[0][0]["elapsed"] >= 0.3
+    [record] = [r for r in caplog.records if getattr(r, "gd_elapsed", None) is not None]
+    assert record.gd_id == hung and "SLOW_STEP_SECONDS=0.3s" in record.getMessage()
 
 
 @pytest.mark.parametrize("value", [0, -1, "300", True, float("inf"), float("nan")])
