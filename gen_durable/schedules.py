@@ -78,7 +78,16 @@ class Schedule:
 
     def next_after(self, instant: dt.datetime) -> dt.datetime:
         """The first tick strictly after `instant` (aware), in the schedule's timezone."""
-        return next(CronSim(self.cron, instant.astimezone(self.tz)))
+        ticks = CronSim(self.cron, instant.astimezone(self.tz))
+        tick = next(ticks)
+        # In a fall-back's repeated hour cronsim starts from the wall time, not the instant
+        # (the fold is lost): from the second 02:10 it yields the first pass's 02:30, which
+        # is already past. Walk on to the first tick after the instant itself, compared in
+        # UTC: Python compares two datetimes of one tzinfo by wall time, ignoring the fold.
+        after = instant.astimezone(dt.timezone.utc)
+        while tick.astimezone(dt.timezone.utc) <= after:
+            tick = next(ticks)
+        return tick
 
     def latest_at_or_before(self, first: dt.datetime, now: dt.datetime) -> tuple[dt.datetime, dt.datetime]:
         """(latest tick <= now, first tick > now), given `first`, a tick <= now."""
@@ -88,7 +97,8 @@ class Schedule:
                 return latest, nxt
             latest, nxt = nxt, self.next_after(nxt)
         # Down for very long: jump to the tick before now rather than walk every one.
-        latest = max(next(CronSim(self.cron, now.astimezone(self.tz), reverse=True)), latest)
+        latest = max(next(CronSim(self.cron, now.astimezone(self.tz), reverse=True)), latest,
+                     key=lambda t: t.astimezone(dt.timezone.utc))  # instants, not wall times (the fold)
         return latest, self.next_after(now)
 
     def correlation_key(self, tick: dt.datetime) -> str:

@@ -55,6 +55,23 @@ def test_fall_back_a_fixed_time_in_the_repeated_hour_runs_once_a_wildcard_hour_t
     assert len({hourly.correlation_key(t) for t in ticks(hourly, paris(2026, 10, 25, 0, 30), 4)}) == 4
 
 
+def test_the_tick_after_an_instant_in_the_repeated_hour_is_after_it():
+    """From the second pass of 01:00-03:00 (CET, fold=1) the next tick is after that
+    instant, never the first pass's (CEST) tick 40 minutes earlier: a schedule planned
+    then (start-up, a changed schedule) would fire at once a tick from before it existed."""
+    second_pass = paris(2026, 10, 25, 2, 10, fold=1)  # 01:10 UTC
+    assert second_pass.utcoffset() == dt.timedelta(hours=1)
+    daily = Schedule("d", "30 2 * * *", "tests.Plain", "Europe/Paris")
+    assert daily.next_after(second_pass).isoformat() == "2026-10-26T02:30:00+01:00"  # 02:30 ran at 00:30 UTC
+    hourly = Schedule("h", "0 * * * *", "tests.Plain", "Europe/Paris")
+    assert hourly.next_after(second_pass).isoformat() == "2026-10-25T03:00:00+01:00"
+    half = Schedule("q", "*/30 * * * *", "tests.Plain", "Europe/Paris")
+    assert half.next_after(second_pass).isoformat() == "2026-10-25T02:30:00+01:00"  # the second 02:30
+    first_pass = paris(2026, 10, 25, 2, 10)  # 00:10 UTC: unchanged
+    utc = [s.next_after(first_pass).astimezone(dt.timezone.utc).isoformat() for s in (daily, hourly, half)]
+    assert utc == ["2026-10-25T00:30:00+00:00", "2026-10-25T01:00:00+00:00", "2026-10-25T00:30:00+00:00"]
+
+
 def test_catch_up_after_a_long_outage_finds_the_latest_tick_without_walking_every_one():
     s = Schedule("m", "* * * * *", "tests.Plain", "UTC")
     first = dt.datetime(2020, 1, 1, tzinfo=dt.timezone.utc)
