@@ -366,6 +366,11 @@ class Job(Machine):
         return Done(value)
 
     def handle(self, error, ctx):
+        """Retry by `backoff` until `max_attempts`, then fail. A value `perform` returned
+        that cannot be stored (not JSON-serialisable, over MAX_PAYLOAD_BYTES)
+        fails at once: running it again would return it again."""
+        if getattr(error, "returned", False):
+            return Stop(describe(error))
         return self._retry_or_stop(error, ctx)
 
     def _retry_or_stop(self, reason, ctx):

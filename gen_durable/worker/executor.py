@@ -120,7 +120,10 @@ def _log_attempt(job: Claimed, entry: Entry, error: BaseException, handle_error:
     level = logging.ERROR if final else logging.WARNING
     if not attempt_logger.isEnabledFor(level):
         return
-    what = "failed" if final else ("will retry" if entry.kind == "retry" else f"handled ({entry.kind})")
+    if entry.kind == "retry":
+        what = f"will retry in {entry.delay:.1f} s"
+    else:
+        what = "failed" if final else f"handled ({entry.kind})"
     shown = handle_error if handle_error is not None else error
     attempt_logger.log(
         level, "%s#%s step %s attempt %s raised %s; %s", job.fsm, job.id, job.step, job.attempt,
@@ -265,16 +268,24 @@ def _run(cls, job: Claimed, inline: bool = False) -> Entry:
 def _located(error, cls, method: str):
     """`error` (an outcome the step returned that cannot be stored) naming the step's
     definition, file:line: raised after the step returned, its traceback holds no frame
-    of the step's own. A Job's is its `perform`."""
-    func = getattr(cls, "perform", None) if issubclass(cls, Job) else getattr(cls, method, None)
+    of the step's own. A Job's is its `perform`; method "handle" is handle()'s."""
+    if issubclass(cls, Job) and method != "handle":
+        func = getattr(cls, "perform", None)
+    else:
+        func = getattr(cls, method, None)
     func = getattr(func, "_gd_function", func)  # a @gd.job's is the function it wraps
     try:
         func = inspect.unwrap(func)
         code = func.__code__
     except Exception:  # a step object with no code of its own (a callable instance, a builtin)
-        return error
-    return type(error)(f"{error} (returned by {func.__qualname__}, defined at "
-                       f"{code.co_filename}:{code.co_firstlineno})")
+        located = error
+    else:
+        located = type(error)(f"{error} (returned by {func.__qualname__}, defined at "
+                              f"{code.co_filename}:{code.co_firstlineno})")
+    # What the code returned, not a passing failure: a Job's default handle() fails it at
+    # once rather than re-running it max_attempts times for the same value.
+    located.returned = True
+    return located
 
 
 class StepWhere:
@@ -308,12 +319,22 @@ def _handled(machine, cls, job: Claimed, ctx: Context, error: BaseException, inl
             outcome = machine.handle(error, hctx)
         if clean and db.discard_dangling(where):
             raise TransactionLeftOpen(f"{where} returned inside a transaction; it was rolled back")
-        entry = to_entry(outcome, cls, job, consumed=(), presented=(), inline=inline)
+        entry = _handle_entry(outcome, cls, job, inline)
     except BaseException as handle_error:
         if clean:
             db.discard_dangling(where)
         return _handle_failed(job, error, handle_error)
     return _with_error(entry, error, machine, job)
+
+
+def _handle_entry(outcome, cls, job: Claimed, inline: bool = False) -> Entry:
+    """`to_entry` of what handle() returned; an outcome that cannot be stored names
+    handle() and its definition, not the step it was handling."""
+    try:
+        return to_entry(outcome, cls, job, consumed=(), presented=(), inline=inline,
+                        returner=f"{cls.name}.handle() (handling step {job.step!r})")
+    except (InvalidOutcome, SerializationError) as bad:
+        raise _located(bad, cls, "handle") from None
 
 
 async def _arun(cls, job: Claimed, inline: bool = False) -> Entry:
@@ -369,7 +390,7 @@ async def _arun(cls, job: Claimed, inline: bool = False) -> Entry:
                 # bounded too: Django's shared sync thread may be held by a step's stuck call
                 shared = True
                 outcome = await _within(sync_to_async(handle)(error, hctx), timeout, job, "handle()")
-            entry = to_entry(outcome, cls, job, consumed=(), presented=(), inline=inline)
+            entry = _handle_entry(outcome, cls, job, inline)
         except asyncio.CancelledError:
             raise
         except _Overdue:
@@ -711,10 +732,11 @@ def _check_children_database(children, cls, job: Claimed):
                 "and signal back")
 
 
-def to_entry(outcome, cls, job: Claimed, *, consumed, presented, inline=False) -> Entry:
+def to_entry(outcome, cls, job: Claimed, *, consumed, presented, inline=False, returner=None) -> Entry:
     """Validate and encode `outcome` (raises InvalidOutcome / SerializationError).
 
     inline: whether a Next may become an inline continuation (see `inline_kind`).
+    returner: who returned it, for the error of a value that is no outcome (default: the step).
     """
     if isinstance(outcome, Next):
         # Every step of a chain ends here: the Entry is built in one call (no shared
@@ -761,8 +783,11 @@ def to_entry(outcome, cls, job: Claimed, *, consumed, presented, inline=False) -
                      children=children, consumed=consumed, **base)
     if isinstance(outcome, Stop):
         return Entry(kind="stop", error=outcome.reason, **base)
-    raise InvalidOutcome(f"{cls.name}.{job.step} returned {outcome!r}, which is not an outcome "
-                         "(Next, Retry, Await, ScheduleChildren, Done or Stop)")
+    called = ""
+    if isinstance(outcome, type) and issubclass(outcome, (Next, Retry, Await, ScheduleChildren, Done, Stop)):
+        called = f": call it, gd.{outcome.__name__}(...)"  # `return gd.Done`: the class itself
+    raise InvalidOutcome(f"{returner or f'{cls.name}.{job.step}'} returned {outcome!r}, which is not an outcome "
+                         f"(Next, Retry, Await, ScheduleChildren, Done or Stop){called}")
 
 
 def continuation(job: Claimed, entry: Entry) -> Claimed:

@@ -16,7 +16,7 @@ from gen_durable.testing import drain
 from gen_durable.worker import claims, executor, maintenance
 from gen_durable.worker.flusher import flush
 from tests.conftest import wait_until
-from tests.durable_app.durable import BadResult, BadReturn, Flow, Handled, HandleRaises
+from tests.durable_app.durable import BadResult, BadReturn, Flow, Handled, HandleRaises, SendsMail
 from tests.factories import InstanceFactory, SignalFactory
 
 W = "worker-a"
@@ -262,6 +262,52 @@ def test_a_jobs_unstorable_result_names_its_function(queue_name):
     code = unstorable.func.__code__
     assert r.status == "failed"
     assert r.last_error.endswith(f"(returned by unstorable, defined at {code.co_filename}:{code.co_firstlineno})")
+
+
+@gd.job(name="tests.outcomes.unstorable_retried", max_attempts=5, backoff=lambda attempt: 0)
+def unstorable_retried(args):
+    return {"when": object()}
+
+
+@pytest.mark.django_db
+def test_a_jobs_unstorable_result_fails_at_once_not_after_every_attempt(queue_name):
+    """Running perform again would return the same value: the default handle() fails the
+    job on its first attempt. Control: an error it raises is retried (max_attempts 5)."""
+    id_ = gd.insert(unstorable_retried, queue=queue_name)
+    raises = gd.insert(SendsMail, queue=queue_name)  # max_attempts 2, backoff 0
+    drain(queue=queue_name)
+    r = Instance.objects.get(id=id_)
+    assert (r.status, r.attempt) == ("failed", 0) and "not JSON" in r.last_error
+    assert Instance.objects.get(id=raises).attempt == 1  # the control: retried once, then failed
+
+
+class HandleReturnsWrong(gd.Machine):
+    """A step that raises; handle() returns state["give"]: None (forgot the return) or
+    the class gd.Done itself (not called)."""
+
+    name = "tests.outcomes.HandleReturnsWrong"
+
+    @gd.step
+    def start(self, ctx):
+        raise RuntimeError("boom")
+
+    def handle(self, error, ctx):
+        return gd.Done if ctx.state.get("give") == "class" else None
+
+
+@pytest.mark.django_db
+def test_a_bad_value_from_handle_names_handle_and_where_it_is_defined(queue_name):
+    none = gd.insert(HandleReturnsWrong, queue=queue_name)
+    cls = gd.insert(HandleReturnsWrong, queue=queue_name, state={"give": "class"})
+    drain(queue=queue_name)
+    code = HandleReturnsWrong.handle.__code__
+    where = f"(returned by HandleReturnsWrong.handle, defined at {code.co_filename}:{code.co_firstlineno})"
+    assert Instance.objects.get(id=none).last_error == (
+        "handle() failed: InvalidOutcome: tests.outcomes.HandleReturnsWrong.handle() (handling step 'start') "
+        "returned None, which is not an outcome (Next, Retry, Await, ScheduleChildren, Done or Stop) "
+        f"{where} (while handling RuntimeError: boom)")
+    assert ("returned <class 'gen_durable.outcomes.Done'>, which is not an outcome (Next, Retry, Await, "
+            f"ScheduleChildren, Done or Stop): call it, gd.Done(...) {where}") in Instance.objects.get(id=cls).last_error
 
 
 @pytest.mark.django_db
