@@ -248,6 +248,7 @@ def _run(cls, job: Claimed, inline: bool = False) -> Entry:
             entry = to_entry(outcome, cls, job, consumed=ids, presented=ids, inline=inline)
         except (InvalidOutcome, SerializationError) as bad:
             raise _located(bad, cls, method) from None
+        _warn_if_state_dropped(cls, job, ctx, outcome)
         return _with_record(entry, machine)
     except BaseException as error:
         if db.is_connection_error(error) and (retry := connection_retry(error, cls, job)) is not None:
@@ -263,6 +264,35 @@ def _run(cls, job: Claimed, inline: bool = False) -> Entry:
         if clean:
             db.discard_dangling(where)
         return _handled(machine, cls, job, ctx, error, inline, clean=clean)
+
+
+_KEEPING = (Next, Retry, Await, ScheduleChildren)  # outcomes whose state= defaults to KEEP
+_dropped_warned: set = set()  # (machine, step) already warned of, in this process
+
+
+def _warn_if_state_dropped(cls, job: Claimed, ctx: Context, outcome) -> None:
+    """Warn, once per machine and step in this process, when a step changed `ctx.state`
+    in place (or replaced it) and returned an outcome that keeps the committed state (no
+    `state=`): the change is not stored, which reads as lost data. Costs one decode of
+    the committed state per such outcome; Jobs are not checked (their args are input)."""
+    if (not isinstance(outcome, _KEEPING) or outcome.state is not KEEP or job.raw_state is None
+            or issubclass(cls, Job) or (cls.name, job.step) in _dropped_warned):
+        return
+    try:
+        committed = loads(job.raw_state)
+        if cls.State is not None:
+            committed = load_typed(cls.State, committed)
+        changed = committed != ctx.state
+    except Exception:  # an __eq__ that raises: nothing to say
+        return
+    if changed:
+        _dropped_warned.add((cls.name, job.step))
+        kind = type(outcome).__name__
+        attempt_logger.warning(
+            "%s#%s step %s changed ctx.state but returned gd.%s without state=, which keeps the state as it was "
+            "committed: the change is not stored. Return gd.%s(..., state=ctx.state) to keep it (said once per "
+            "step and process)", cls.name, job.id, job.step, kind, kind,
+            extra={"gd_id": job.id, "gd_machine": cls.name, "gd_step": job.step})
 
 
 def _located(error, cls, method: str):
@@ -363,6 +393,7 @@ async def _arun(cls, job: Claimed, inline: bool = False) -> Entry:
             entry = to_entry(outcome, cls, job, consumed=ids, presented=ids, inline=inline)
         except (InvalidOutcome, SerializationError) as bad:
             raise _located(bad, cls, method) from None
+        _warn_if_state_dropped(cls, job, ctx, outcome)
         return _with_record(entry, machine)
     except asyncio.CancelledError:
         raise

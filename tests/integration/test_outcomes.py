@@ -6,6 +6,7 @@ same path the engine takes, one call at a time.
 """
 
 import datetime as dt
+import logging
 
 import pytest
 from django.db import connection
@@ -362,3 +363,43 @@ def test_a_next_to_a_misspelt_step_fails_naming_the_close_one(queue_name):
     assert Instance.objects.get(id=undecorated).last_error.endswith(
         "Next names unknown step 'refund'; tests.outcomes.MisspeltNext.refund is a method but not a step: "
         f"decorate it with @gd.step (steps are ['ship', 'start']) {where}")
+
+
+class EditsInPlace(gd.Machine):
+    """Edits ctx.state in place, then returns Next("second") with or without state=
+    (state["keep"]), or edits nothing (state["touch"] False)."""
+
+    name = "tests.outcomes.EditsInPlace"
+
+    @gd.step
+    def start(self, ctx):
+        if ctx.state.get("touch", True):
+            ctx.state["counter"] = 1
+        return gd.Next("second", state=ctx.state) if ctx.state.get("keep") else gd.Next("second")
+
+    @gd.step
+    def second(self, ctx):
+        return gd.Done({"counter": ctx.state.get("counter")})
+
+
+@pytest.mark.django_db
+def test_a_state_edit_an_outcome_does_not_keep_is_warned_of_once_per_step(queue_name, caplog):
+    """The edit is not stored (the documented rule: Next without state= keeps the
+    committed state), and the worker says so, once. Controls: state= given, or no edit."""
+    from gen_durable.worker.executor import _dropped_warned
+
+    caplog.set_level(logging.WARNING, logger="gen_durable.worker")
+    _dropped_warned.discard((EditsInPlace.name, "start"))  # once per process: this test's first
+    kept = gd.insert(EditsInPlace, queue=queue_name, state={"keep": True})
+    untouched = gd.insert(EditsInPlace, queue=queue_name, state={"touch": False})
+    drain(queue=queue_name)
+    assert [r for r in caplog.records if "changed ctx.state" in r.getMessage()] == []
+    assert Instance.objects.get(id=kept).result == {"counter": 1}
+    lost = [gd.insert(EditsInPlace, queue=queue_name) for _ in range(2)]
+    drain(queue=queue_name)
+    assert [Instance.objects.get(id=i).result for i in lost] == [{"counter": None}] * 2  # not stored
+    [record] = [r for r in caplog.records if "changed ctx.state" in r.getMessage()]
+    assert record.getMessage().startswith(
+        f"tests.outcomes.EditsInPlace#{lost[0]} step start changed ctx.state but returned gd.Next without state=")
+    assert "Return gd.Next(..., state=ctx.state) to keep it" in record.getMessage()
+    assert Instance.objects.get(id=untouched).result == {"counter": None}
