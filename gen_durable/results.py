@@ -19,7 +19,7 @@ from asgiref.sync import sync_to_async
 
 from . import db, sql
 from .codec import loads
-from .conf import get_settings
+from .conf import database_alias, get_settings
 from .worker.listener import Listener
 
 POLL_FLOOR = 0.25  # seconds between re-reads when no notification arrives
@@ -105,9 +105,11 @@ aget.__doc__ = "Async twin of `get`."
 
 
 class ResultWatcher:
-    """One per process: routes `gen_durable_result` notifications to waiting threads."""
+    """One per process and database: routes that database's `gen_durable_result`
+    notifications to waiting threads. Started by the first await_result that has to
+    wait on the database (an instance already settled needs none)."""
 
-    _instance = None
+    _instances: dict = {}  # database alias -> its watcher
     _guard = threading.Lock()
 
     def __init__(self, using=None):
@@ -122,18 +124,24 @@ class ResultWatcher:
 
     @classmethod
     def get(cls, using=None) -> "ResultWatcher":
+        """The watcher of database `using` (an alias; None: GEN_DURABLE["DATABASE"])."""
+        alias = database_alias(using)
         with cls._guard:
-            if cls._instance is None:
-                cls._instance = cls(using)
-            return cls._instance
+            watcher = cls._instances.get(alias)
+            if watcher is None:
+                watcher = cls._instances[alias] = cls(alias)
+            return watcher
 
     @classmethod
     def shutdown(cls) -> None:
-        """Stop the process's watcher (tests; a process exit does it anyway)."""
+        """Stop the process's watchers and close their connections (a test suite's end,
+        before its test database is dropped: `gen_durable.testing.stop_result_watchers`;
+        a process exit does it anyway)."""
         with cls._guard:
-            if cls._instance is not None and cls._instance.listener is not None:
-                cls._instance.listener.stop()
-                cls._instance = None
+            watchers, cls._instances = list(cls._instances.values()), {}
+        for watcher in watchers:
+            if watcher.listener is not None:
+                watcher.listener.stop()
 
     def register(self, id_: int) -> threading.Event:
         ev = threading.Event()
@@ -199,29 +207,39 @@ def await_result(id: int, timeout: float = 5.0, *, until: str = "settled", using
 
         raise InvalidInput(f"until must be 'settled' or 'terminal', got {until!r}")
     deadline = time.monotonic() + timeout
+    # A settled (or missing) instance is answered by one read, with no watcher: no
+    # LISTEN connection is opened until a call has to wait.
+    snap = get(id, using=using)
+    if snap is None:
+        return Result("not_found")
+    found = _settled(snap, until)
+    if found is not None:
+        return found
+    if db.connection(using).in_atomic_block and _written_here(snap.id, using):
+        from .exceptions import UncommittedInstance
+
+        raise UncommittedInstance(id)
+    if timeout <= 0:
+        return Result("busy", snapshot=snap)
     watcher = ResultWatcher.get(using)
-    ev = watcher.register(id)
-    first = True
+    watched = snap.id  # a key's holder: the notifications carry ids
+    ev = watcher.register(watched)
     try:
         while True:
             ev.clear()
+            # Read again once registered: a notification sent before is not lost.
             snap = get(id, using=using)
             if snap is None:
                 return Result("not_found")
             found = _settled(snap, until)
             if found is not None:
                 return found
-            if first and db.connection(using).in_atomic_block and _written_here(id, using):
-                from .exceptions import UncommittedInstance
-
-                raise UncommittedInstance(id)
-            first = False
             left = deadline - time.monotonic()
             if left <= 0:
                 return Result("busy", snapshot=snap)
             ev.wait(min(left, POLL_FLOOR))
     finally:
-        watcher.unregister(id, ev)
+        watcher.unregister(watched, ev)
 
 
 def _written_here(id: int, using=None) -> bool:

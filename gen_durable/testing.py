@@ -89,6 +89,23 @@ def drain(queue: str | None = None, *, with_scheduled: bool = True, max_steps: i
             return tally
 
 
+def stop_result_watchers() -> None:
+    """Close the connections `gd.await_result` LISTENs on (one per database, opened by
+    the first call that had to wait). Call it at the end of a test session, before the
+    test database is dropped: an open one makes the drop fail ("database ... is being
+    accessed by other users"). With pytest-django:
+
+        @pytest.fixture(scope="session", autouse=True)
+        def _gd_watchers(django_db_setup):
+            yield
+            stop_result_watchers()
+
+    A later await_result starts them again."""
+    from .results import ResultWatcher
+
+    ResultWatcher.shutdown()
+
+
 def fire_timeouts(using: str | None = None) -> int:
     """Fire every armed Await deadline now, whatever time is left; return how many."""
     rows = db.fetchall(sql.EXPIRE_AWAITS, {"force": True, "limit": 1_000_000}, using)

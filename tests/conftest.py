@@ -10,11 +10,11 @@ _counter = itertools.count()
 
 @pytest.fixture(scope="session", autouse=True)
 def _stop_result_watcher(django_db_setup):
-    """Close await_result's LISTEN connection before the test database is dropped."""
+    """Close await_result's LISTEN connections before the test database is dropped."""
     yield
-    from gen_durable.results import ResultWatcher
+    from gen_durable.testing import stop_result_watchers
 
-    ResultWatcher.shutdown()
+    stop_result_watchers()
 
 
 @pytest.fixture

@@ -494,18 +494,20 @@ class Flusher:
     def _loop(self):
         connections.bind("flusher", self.using, tag=getattr(self, "tag", None))
         self._connect()
-        while True:
-            batch = self._take()
-            if batch is None:
-                break
-            if batch is WRITE_HISTORY:
-                self._write_history()
-            else:
-                self._flush(batch)
-            reset_queries()  # DEBUG keeps every query until reset, as after a request
-        self._write_history()  # stopping: what is kept is written before the connection closes
-        self._close()
-        connections.unbind()
+        try:
+            while True:
+                batch = self._take()
+                if batch is None:
+                    break
+                if batch is WRITE_HISTORY:
+                    self._write_history()
+                else:
+                    self._flush(batch)
+                reset_queries()  # DEBUG keeps every query until reset, as after a request
+            self._write_history()  # stopping: what is kept is written before the connection closes
+        finally:  # a thread that dies (the supervisor stops the worker) leaves no session open
+            self._close()
+            connections.unbind()
 
     def _connect(self):
         """Open the flush connection when the worker starts, not at its first outcome:

@@ -525,3 +525,32 @@ def test_a_burst_whose_second_database_never_comes_up_exits_3(two_databases, que
     assert {r.status for r in Instance.objects.filter(id__in=ids)} == {"done"}  # 'default' was served
     said = ("is still down after --max-wait 3 s" if how == "max_wait" else "was stopped before it came up")
     assert f"burst mode: database 'other' {said}; its rows were not run (exit status 3)" in err, err[-3000:]
+
+
+def _result_listeners(alias):
+    with connections[alias].cursor() as cur:
+        cur.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND application_name LIKE 'gen_durable listener gen_durable_result%%'")
+        return cur.fetchone()[0]
+
+
+def test_await_result_listens_on_each_database_it_waits_on_and_on_none_for_a_settled_row(
+        two_databases, queue_name):
+    """A settled row is one read: no LISTEN connection. A wait on each database listens on
+    that database (the first database's listener hears none of the other's notifications:
+    a wait there could only poll). stop_result_watchers() closes them all."""
+    from gen_durable.testing import drain, stop_result_watchers
+    from tests.conftest import wait_until
+    from tests.durable_app.signal_machines import Recorder
+
+    stop_result_watchers()
+    done = gd.insert(Counter, state={"target": 1}, queue=queue_name, using="other")
+    drain(queue_name, using="other")
+    assert gd.await_result(done, timeout=5, using="other").status == "done"
+    assert [_result_listeners(a) for a in BOTH] == [0, 0]
+    for alias in BOTH:
+        parked = gd.insert(Recorder, state={"names": ["go"]}, queue=queue_name, using=alias)
+        assert gd.await_result(parked, timeout=0.2, using=alias).status == "busy"  # no worker: it waited
+    wait_until(lambda: [_result_listeners(a) for a in BOTH] == [1, 1], what="a listener on each database")
+    stop_result_watchers()
+    wait_until(lambda: [_result_listeners(a) for a in BOTH] == [0, 0], what="both closed")

@@ -147,6 +147,8 @@ def test_a_worker_whose_flusher_thread_dies_stops_with_exit_code_1(committed, qu
     assert not t.is_alive(), "the worker went on without its flusher"
     assert out["code"] == 1
     assert any("the flusher thread died" in r.getMessage() for r in caplog.records)
+    # The dead thread closed its connection (left open, it blocked DROP DATABASE).
+    assert sessions(role_name(sup, "flusher", queue_name)) == 0
 
 
 @pytest.mark.django_db(transaction=True)
