@@ -11,6 +11,7 @@ from .bulk import BulkResult, cancel_where, move_where, retry_where
 from .exceptions import (
     DuplicateInstance,
     GenDurableError,
+    IdAsKeyWarning,
     InvalidInput,
     InvalidOutcome,
     NoTarget,
@@ -30,7 +31,7 @@ from .producer import Producer, flush_async, insert_async
 
 __all__ = [
     "Await", "Cancel", "Child", "Context", "Done", "DuplicateInstance", "Error", "GenDurableError",
-    "InvalidInput", "InvalidOutcome", "Job", "Machine", "Next", "NoTarget", "NotMigrated", "NotRetryable", "Retry", "RoutedOutsideTransactionWarning",
+    "IdAsKeyWarning", "InvalidInput", "InvalidOutcome", "Job", "Machine", "Next", "NoTarget", "NotMigrated", "NotRetryable", "Retry", "RoutedOutsideTransactionWarning",
     "ScheduleChildren", "SerializationError", "Spec", "StepTimeout", "Stop", "TransactionLeftOpen", "UncommittedInstance", "UnknownMachine",
     "Result", "Snapshot", "aawait_result", "acancel", "aget", "ainsert", "ainsert_all", "asignal",
     "await_result", "cancel", "get", "insert", "insert_all", "job", "signal", "step",

@@ -38,9 +38,11 @@ class NoTarget(GenDurableError, LookupError):
 class UnknownMachine(GenDurableError, LookupError):
     """No machine is registered under that name and version."""
 
-    def __init__(self, name, version=None):
+    def __init__(self, name, version=None, close=None):
         self.name, self.version = name, version
         where = f"{name!r}" if version is None else f"{name!r} version {version}"
+        if close:  # the registered name it is nearest to (a typo)
+            where += f" (did you mean {close!r}?)"
         # Both places apps.ready() imports from: a machine's durable.py, and a Django
         # task's tasks.py (a task row's machine is its function's path).
         old = "" if version is None else f", or is version {version} no longer defined"
@@ -159,3 +161,9 @@ class RoutedOutsideTransactionWarning(RuntimeWarning):
     writing to another database from inside a transaction can be what the caller wants;
     silence it with Python's `warnings` filters.
     """
+
+
+class IdAsKeyWarning(UserWarning):
+    """`gd.get("27")` or `gd.await_result("27")` found nothing: a str target is always a
+    correlation key, and no instance has the key "27". An id read from a URL or a form is
+    a str: pass `int(...)` to address the instance by id (docs/guide.md, "Calls")."""

@@ -407,6 +407,41 @@ def jittered(delay) -> float:
     return seconds(delay, "backoff delay") * (0.75 + 0.25 * random.random())
 
 
+_CTX_NAMES = ("ctx", "context")
+
+
+def _job_arity(fn) -> int:
+    """2 when @gd.job's `fn` takes (args, ctx), 1 when it takes (args); raises
+    InvalidInput for a signature the job cannot be called with: none of one argument
+    (a Celery-style `def send(to, subject)`), or a second argument that is not the ctx."""
+    sig = inspect.signature(fn)
+    positional = [p for p in sig.parameters.values()
+                  if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    names = ", ".join(sig.parameters)
+    shape = (f"a job function is called with one dict, the `args` given at insert (args={{...}}), and "
+             f"optionally the step's `ctx`: def {fn.__name__}(args) or def {fn.__name__}(args, ctx), reading "
+             f"args['...'] inside")
+
+    def binds(n):
+        try:
+            sig.bind(*range(n))
+        except TypeError:
+            return False
+        return True
+
+    if len(positional) >= 2:
+        second = positional[1]
+        annotated = str(getattr(second.annotation, "__name__", second.annotation)).endswith("Context")
+        if second.name in _CTX_NAMES or annotated:
+            if binds(2):
+                return 2
+        elif second.default is inspect.Parameter.empty:
+            raise InvalidInput(f"@gd.job {fn.__qualname__}({names}): {shape}")
+    if not binds(1):
+        raise InvalidInput(f"@gd.job {fn.__qualname__}({names}) cannot take the job's args: {shape}")
+    return 1
+
+
 def job(fn=None, *, queue: str = "default", max_attempts: int = 20, name: str | None = None, version: int = 1,
         backoff=None, timeout=None):
     """Make a Job from a function `fn(args)` or `fn(args, ctx)`; returns the Job class.
@@ -423,7 +458,7 @@ def job(fn=None, *, queue: str = "default", max_attempts: int = 20, name: str | 
                            f"(lambda attempt: 10 * 2 ** attempt), got {backoff!r}")
 
     def wrap(fn):
-        arity = len(inspect.signature(fn).parameters)
+        arity = _job_arity(fn)
 
         if inspect.iscoroutinefunction(fn):
             async def perform(self, args, ctx):
@@ -448,6 +483,14 @@ def job(fn=None, *, queue: str = "default", max_attempts: int = 20, name: str | 
         }
         if backoff is not None:
             attrs["backoff"] = lambda self, attempt: backoff(attempt)
+
+        def __init__(self, *given, **named):
+            if given or named:  # `send(args)` as if @gd.job left the function callable
+                raise TypeError(f"{fn.__name__} is a gen_durable job (a class made by @gd.job), not the "
+                                f"function: insert it with {fn.__name__}.insert(args={{...}}); call the function "
+                                f"itself as {fn.__name__}.func(args)")
+
+        attrs["__init__"] = __init__
         return type(fn.__name__, (Job,), attrs)
 
     return wrap(fn) if fn is not None else wrap

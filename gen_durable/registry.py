@@ -47,7 +47,10 @@ def latest(name: str):
     """Return the highest registered version of `name`; raise UnknownMachine."""
     versions = [v for (n, v) in _machines if n == name]
     if not versions:
-        raise UnknownMachine(name)
+        import difflib
+
+        close = difflib.get_close_matches(name, sorted({n for (n, _) in _machines}), n=1) if isinstance(name, str) else []
+        raise UnknownMachine(name, close=close[0] if close else None)
     return _machines[(name, max(versions))]
 
 

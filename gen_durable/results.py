@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,14 +91,33 @@ def get(target, *, using=None) -> Snapshot | None:
     (live, by default) or, when none does, the newest finished or failed one that had it.
     Raises InvalidInput for another type or an invalid key.
 
-    Statements: 1.
+    Statements: 1. Warns `IdAsKeyWarning` when a str of digits finds nothing (an id
+    read from a URL, still a str).
     """
+    snap = _read(target, using)
+    if snap is None:
+        _digits_hint("get", target)
+    return snap
+
+
+def _read(target, using=None) -> Snapshot | None:
     row = db.fetchone(sql.GET, target_params(target), using)
     if row is None:
         return None
     values = list(row)
     values[5], values[6] = loads(values[5]), loads(values[6])
     return Snapshot(*values)
+
+
+def _digits_hint(call: str, target) -> None:
+    """Warn (at the caller of `call`) when `target`, a str that found nothing, is an id
+    in digits: a str is always a correlation key."""
+    if isinstance(target, str) and target.strip().isdigit():
+        from .exceptions import IdAsKeyWarning
+
+        warnings.warn(f"gd.{call}({target!r}) found nothing: a str target is a correlation key, and no instance "
+                      f"has the key {target!r}; to address instance {target.strip()} by id pass an int: "
+                      f"int({target!r})", IdAsKeyWarning, stacklevel=3)
 
 
 aget = sync_to_async(get)
@@ -209,8 +229,9 @@ def await_result(id: int, timeout: float = 5.0, *, until: str = "settled", using
     deadline = time.monotonic() + timeout
     # A settled (or missing) instance is answered by one read, with no watcher: no
     # LISTEN connection is opened until a call has to wait.
-    snap = get(id, using=using)
+    snap = _read(id, using)
     if snap is None:
+        _digits_hint("await_result", id)
         return Result("not_found")
     found = _settled(snap, until)
     if found is not None:
@@ -228,7 +249,7 @@ def await_result(id: int, timeout: float = 5.0, *, until: str = "settled", using
         while True:
             ev.clear()
             # Read again once registered: a notification sent before is not lost.
-            snap = get(id, using=using)
+            snap = _read(id, using)
             if snap is None:
                 return Result("not_found")
             found = _settled(snap, until)

@@ -152,3 +152,24 @@ def test_get_by_id_and_by_key_and_none_for_unknown(queue_name):
     assert gd.get(f"nope-{queue_name}") is None
     with pytest.raises(gd.InvalidInput):
         gd.get(1.5)
+
+
+@pytest.mark.django_db
+def test_an_id_passed_as_a_str_that_finds_nothing_warns_at_the_callers_line(queue_name):
+    """"27" from a URL is a correlation key, which no instance has: get and await_result
+    find nothing, and say why. Controls: the int finds it; a key that is not digits, or a
+    digits key an instance holds, warns of nothing."""
+    import warnings
+
+    id_ = gd.insert(Recorder, queue=queue_name, state={"names": ["go"]})
+    held = gd.insert(Recorder, queue=queue_name, state={"names": ["go"]}, correlation_key=f"{id_}0")
+    with pytest.warns(gd.IdAsKeyWarning, match=rf"pass an int: int\('{id_}'\)") as caught:
+        assert gd.get(str(id_)) is None
+    assert caught[0].filename == __file__
+    with pytest.warns(gd.IdAsKeyWarning, match=r"gd\.await_result"):
+        assert gd.await_result(str(id_), timeout=0).status == "not_found"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert gd.get(id_).id == id_
+        assert gd.get(f"nope-{queue_name}") is None
+        assert gd.get(f"{id_}0").id == held

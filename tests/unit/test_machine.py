@@ -473,3 +473,45 @@ def test_a_backoff_that_is_not_callable_is_refused():
 def test_a_version_past_a_postgres_integer_says_why():
     with pytest.raises(gd.InvalidInput, match=r"version is 202612071230; the largest is 2147483647"):
         type("Dated", (gd.Machine,), {"version": 202612071230, "start": gd.step(lambda self, ctx: gd.Done())})
+
+
+def test_an_unknown_name_suggests_the_registered_one_it_is_nearest():
+    with pytest.raises(gd.UnknownMachine, match=r"'tests\.unit\.checkuot' \(did you mean 'tests\.unit\.checkout'\?\)"):
+        registry.latest("tests.unit.checkuot")
+    with pytest.raises(gd.UnknownMachine) as exc:  # nothing close: no guess
+        registry.latest("zzz.qqq")
+    assert "did you mean" not in str(exc.value)
+
+
+@pytest.mark.parametrize("source, takes_ctx", [
+    ("def f(args): pass", False), ("def f(args, ctx): pass", True), ("def f(args, context): pass", True),
+    ("def f(args, c: 'gd.Context'): pass", True), ("def f(args, retries=3): pass", False),
+    ("def f(*args): pass", False), ("def f(args, ctx, extra=1): pass", True)])
+def test_a_job_function_takes_args_and_optionally_ctx(source, takes_ctx):
+    space = {}
+    exec(source, space)
+    made = gd.job(space["f"], name=f"tests.unit.jobsig.{abs(hash(source))}")
+    assert made.perform._gd_takes_ctx is takes_ctx  # `retries` is no longer handed the ctx
+
+
+@pytest.mark.parametrize("source", ["def f(to, subject): pass", "def f(): pass", "def f(args, ctx, extra): pass",
+                                    "def f(args, *, to): pass"])
+def test_a_job_function_the_job_cannot_call_is_refused_saying_how_it_is_called(source):
+    """A Celery-style `def send(to, subject)` was accepted and called as send(args, ctx):
+    `to` got the whole dict and `subject` the Context, and it finished `done`."""
+    space = {}
+    exec(source, space)
+    with pytest.raises(gd.InvalidInput, match=r"^@gd\.job f\(.*\).*def f\(args\) or def f\(args, ctx\)"):
+        gd.job(space["f"], name="tests.unit.jobsig.refused")
+
+
+def test_calling_a_job_as_the_function_says_how_to_insert_it_or_call_the_function():
+    @gd.job(name="tests.unit.jobsig.called")
+    def send_welcome(args):
+        return args["to"]
+
+    with pytest.raises(TypeError, match=r"send_welcome is a gen_durable job .* send_welcome\.insert\(args=\{\.\.\.\}\)"
+                                        r".* send_welcome\.func\(args\)"):
+        send_welcome({"to": "a@example.com"})
+    assert send_welcome.func({"to": "a@example.com"}) == "a@example.com"
+    assert isinstance(send_welcome(), gd.Job)  # the engine's own call
