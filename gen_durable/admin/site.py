@@ -318,7 +318,6 @@ class InstanceAdmin(RefusesUnstorableFilters, admin.ModelAdmin):
 
     # Whole timestamps, to the second, in the current time zone (Django's default format
     # for a read-only field stops at the minute: "Dec. 7, 2026, 9:35 a.m.").
-    eligible_at_full = full_time("eligible_at")
     inserted_at_full = full_time("inserted_at")
     updated_at_full = full_time("updated_at")
     lease_expires_at_full = full_time("lease_expires_at")
@@ -386,6 +385,24 @@ class InstanceAdmin(RefusesUnstorableFilters, admin.ModelAdmin):
         return super().changeform_view(request, object_id, form_url, extra_context)
 
     # --- detail fields -------------------------------------------------------------------
+    _eligible_at = full_time("eligible_at")
+
+    @admin.display(description="eligible at")
+    def eligible_at_full(self, obj):
+        """eligible_at, or, for a row a worker handed back because it does not know its
+        machine, version or step (a rolling deploy; eligible_at then holds the far-future
+        value that keeps it out of the pick), what it waits for and since when."""
+        if obj.unknown_since is None:
+            return self._eligible_at(obj)
+        known = registry.knows(obj.fsm, obj.fsm_version, obj.step)
+        return format_html(
+            '<span class="gd-warn">waiting for a worker that knows {} v{} (step {})</span>, since {}: a worker '
+            'handed it back untouched; {}',
+            obj.fsm, obj.fsm_version, obj.step,
+            timezone.localtime(obj.unknown_since).isoformat(sep=" ", timespec="seconds"),
+            "this release knows it, so its workers pick it up again within about a second"
+            if known else "no class of this release has it (docs/guide.md, \"Deploying\")")
+
     @admin.display(description="running")
     def running(self, obj):
         """Seconds an executing row's step has been running: since its claim (updated_at,

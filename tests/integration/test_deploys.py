@@ -163,6 +163,26 @@ def test_the_overview_says_which_rows_wait_for_a_worker_that_knows_them(admin_cl
     assert "this release knows it" in body
 
 
+def test_a_handed_back_rows_page_says_what_it_waits_for_not_its_far_future_eligible_at(admin_client, queue_name):
+    """eligible_at of such a row is the sentinel that keeps it out of the pick (9999-01-01):
+    the detail page says instead what the row waits for. Control: a plain row's time."""
+    from django.urls import reverse
+    from django.utils import timezone
+
+    from tests.factories import HandedBackFactory, InstanceFactory
+
+    unknown = HandedBackFactory(fsm="shop.Checkout", fsm_version=2, step="ship", queue=queue_name)
+    known = HandedBackFactory(fsm="tests.deploy.Added", queue=queue_name)
+    plain = InstanceFactory(queue=queue_name)
+    page = {row.id: admin_client.get(reverse("admin:gen_durable_instance_change", args=[row.id])).content.decode()
+            for row in (unknown, known, plain)}
+    assert "waiting for a worker that knows shop.Checkout v2 (step ship)" in page[unknown.id]
+    assert "no class of this release has it" in page[unknown.id] and "9999" not in page[unknown.id]
+    assert "this release knows it" in page[known.id]
+    assert "waiting for a worker" not in page[plain.id]
+    assert timezone.localtime(plain.eligible_at).isoformat(sep=" ", timespec="seconds") in page[plain.id]
+
+
 def test_the_overview_shows_no_deploy_section_without_such_rows(admin_client, queue_name):
     from django.urls import reverse
 
