@@ -30,6 +30,14 @@ _PACKAGE_DIR = os.path.dirname(__file__) + os.sep
 STATUSES = frozenset(Status.values)
 
 
+def input_word(cls) -> str:
+    """What an error calls a row's input: a Job's "args" (what insert(args=) names), a
+    Machine's "state"."""
+    from .machine import Job
+
+    return "args" if isinstance(cls, type) and issubclass(cls, Job) else "state"
+
+
 def resolve_machine(machine) -> type:
     """Accept a Machine subclass (or a @job) or a registered name; raise UnknownMachine."""
     if isinstance(machine, type) and getattr(machine, "_gd_machine", False) and not machine.__dict__.get("abstract"):
@@ -183,7 +191,7 @@ def build_row(machine, *, state=None, args=None, step=None, queue=None, priority
     limit = get_settings().MAX_PAYLOAD_BYTES
     return Row(
         fsm=cls.name, fsm_version=cls.version, step=step,
-        state=encode_state(state, f"state of {cls.name}", limit, cls.State),
+        state=encode_state(state, f"{input_word(cls)} of {cls.name}", limit, cls.State),
         queue=queue, priority=priority, at=at, delay=delay,
         concurrency_key=key_string(concurrency_key, "concurrency_key"),
         rate_limit=rate_limit, weight=float(weight),
@@ -327,7 +335,8 @@ def spec_batch(specs) -> Batch:
                 index = len(shapes)
                 shapes.append(row)
                 if key is not None:
-                    seen[key] = (index, f"state of {row.fsm}", resolve_machine(spec.machine).State)
+                    cls = resolve_machine(spec.machine)
+                    seen[key] = (index, f"{input_word(cls)} of {row.fsm}", cls.State)
                 if index and shape is None:
                     shape = [0] * i
                 state, correlation_key = row.state, row.correlation_key

@@ -118,7 +118,8 @@ def encode(value, what: str, limit: int | None = None) -> str:
         # ASCII text holds no lone surrogate and has as many bytes as characters.
         size = len(text) if text.isascii() else len(text.encode("utf-8"))
     except (TypeError, ValueError) as exc:  # UnicodeEncodeError is a ValueError
-        raise SerializationError(f"{what} is not JSON-serialisable: {exc}") from exc
+        raise SerializationError(f"{what} is not JSON-serialisable{_where_unencodable(value)}: {exc}"
+                                 f"{_model_hint(value)}") from exc
     except RecursionError:  # a cycle the encoder missed, or nesting deeper than Python recurses
         raise SerializationError(f"{what} is nested too deeply to encode as JSON "
                                  "(keep states and payloads to a few dozen levels)") from None
@@ -130,6 +131,41 @@ def encode(value, what: str, limit: int | None = None) -> str:
             "(GEN_DURABLE['MAX_PAYLOAD_BYTES']); store large data elsewhere and keep a reference"
         )
     return text
+
+
+def _where_unencodable(value, path="", depth=0) -> str:
+    """" at ['user']": the path of the first value in `value` the encoder refuses, for
+    the error message (the error path only; "" when it cannot be told)."""
+    if depth > 50:
+        return ""
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else None
+    if items is None:
+        return ""
+    for key, item in items:
+        try:
+            _dumps(item)
+        except (TypeError, ValueError, RecursionError):
+            here = f"{path}[{key!r}]"
+            return _where_unencodable(item, here, depth + 1) or f" at {here}"
+        else:
+            if isinstance(value, dict) and not isinstance(key, (str, int, float, bool)) and key is not None:
+                return f" at key {key!r} of {path or 'it'}"
+    return ""
+
+
+def _model_hint(value, depth=0) -> str:
+    """A hint for the most common refusal, a Django model instance (request.user, say),
+    anywhere in `value`; "" when there is none."""
+    from django.db.models import Model
+
+    if isinstance(value, Model):
+        return (f" (a {type(value).__name__} model instance: store its primary key, .pk, and read the row "
+                "again in the step)")
+    if depth < 50 and isinstance(value, (dict, list, tuple)):
+        for item in value.values() if isinstance(value, dict) else value:
+            if hint := _model_hint(item, depth + 1):
+                return hint
+    return ""
 
 
 try:  # CPython's C scanner, called directly: json.loads adds ~1 µs of Python per value

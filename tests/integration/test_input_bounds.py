@@ -134,3 +134,13 @@ def test_the_earliest_and_latest_readable_instants_are_accepted():
     for when in (dt.datetime(1, 1, 1, tzinfo=utc), dt.datetime(9999, 12, 31, tzinfo=utc)):
         id_ = gd.insert(Plain, eligible_at=when)
         assert gd.get(id_).eligible_at == when
+
+
+@pytest.mark.django_db
+def test_an_unencodable_job_input_is_called_args_as_insert_named_it(queue_name):
+    from tests.durable_app.durable import SendsMail
+
+    with pytest.raises(gd.SerializationError, match=r"^args of tests\.SendsMail is not JSON-serialisable at \['to'\]"):
+        gd.insert(SendsMail, args={"to": object()}, queue=queue_name)
+    with pytest.raises(gd.SerializationError, match=r"^item 0 of insert_all: args of tests\.SendsMail"):
+        gd.insert_all([gd.Spec(SendsMail, args={"to": object()}, queue=queue_name)])

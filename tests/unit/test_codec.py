@@ -6,6 +6,7 @@ A typed State goes the way a row does: `codec.encode_state` → text bound to th
 
 from __future__ import annotations
 
+import re
 import dataclasses
 import datetime as dt
 import json
@@ -246,3 +247,23 @@ def test_encode_matches_the_stdlib_encoder_and_rejects_cycles():
     with pytest.raises(SerializationError, match="not JSON"):
         codec.encode(cyclic, "v")
     assert codec.encode({"after": "a failed encode"}, "v") == '{"after":"a failed encode"}'
+
+
+@pytest.mark.parametrize("value, where", [
+    ({"x": object()}, "at ['x']"),
+    ({"a": 1, "order": {"lines": [1, 2, b"bytes"]}}, "at ['order']['lines'][2]"),
+    ({"ok": 1, 1j: 1}, "at key 1j of it"),
+])
+def test_the_error_names_where_the_unencodable_value_is(value, where):
+    with pytest.raises(SerializationError, match=rf"state of tests\.Thing is not JSON-serialisable {re.escape(where)}: "):
+        codec.encode_state(value, "state of tests.Thing")
+
+
+def test_a_model_instance_in_a_state_says_to_store_its_primary_key():
+    from django.contrib.auth.models import User
+
+    with pytest.raises(SerializationError) as exc:
+        codec.encode_state({"user": User(pk=3, username="a")}, "state of tests.Thing")
+    assert str(exc.value).startswith("state of tests.Thing is not JSON-serialisable at ['user']: ")
+    assert str(exc.value).endswith("(a User model instance: store its primary key, .pk, and read the row again "
+                                   "in the step)")
