@@ -82,7 +82,8 @@ class UncommittedInstance(GenDurableError, RuntimeError):
         super().__init__(
             f"await_result({target}) inside the transaction that inserted or changed instance {target}: "
             "no worker sees it before that transaction commits, so the wait could only time out; "
-            "await it after the commit (docs/guide.md, \"Calls\")")
+            "await it after the commit (in a view under ATOMIC_REQUESTS, mark the view "
+            "@transaction.non_atomic_requests; docs/guide.md, \"Calls\")")
 
 
 class SerializationError(GenDurableError, TypeError):

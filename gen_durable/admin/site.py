@@ -797,9 +797,23 @@ class InstanceAdmin(RefusesUnstorableFilters, admin.ModelAdmin):
             else:
                 message = f"{'Cancelled' if action == 'cancel' else 'Retried'}: {count}."
             self.message_user(request, message, messages.SUCCESS)
+            if action == "signal":
+                self._warn_unawaited(request, done, data["name"], using)
         if skipped:
             self.message_user(request, f"Skipped {len(skipped)}: " + "; ".join(skipped[:20])
                               + (" …" if len(skipped) > 20 else ""), messages.WARNING)
+
+
+    def _warn_unawaited(self, request, ids, name, using):
+        """A signal an instance parked on other names does not wake: stored, it waits for a
+        step that awaits it (maybe a typo of the name). Said beside the success message."""
+        rows = db.fetchall("SELECT id, awaits FROM gen_durable WHERE id = ANY(%s) AND status = 'awaiting_signal' "
+                           "ORDER BY id LIMIT 20", (db.pg_array(ids),), using)
+        other = [(id_, awaits) for id_, awaits in rows if awaits and name not in awaits]
+        if other:
+            said = "; ".join(f"#{id_} awaits {', '.join(map(repr, awaits))}" for id_, awaits in other)
+            self.message_user(request, f"Signal {name!r} wakes nothing yet: {said}. It is stored and handed to a "
+                                       "later step that awaits it.", messages.WARNING)
 
 
 SESSION_RESULTS = "gen_durable_all_matching"  # session key: the last runs' results

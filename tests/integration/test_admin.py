@@ -218,8 +218,16 @@ def test_retry_and_signal_actions_per_row(admin_client, queue_name):
     ok = admin_client.post(_act("signal", parked), {"ids": str(parked), "name": "go", "payload": '{"a": 1}',
                                                      "next": _change(parked)}, follow=True)
     assert f"Delivered signal &#x27;go&#x27; to 1 instance (#{parked})." in ok.content.decode()
+    assert "wakes nothing" not in ok.content.decode()  # it awaited "go"
     assert Instance.objects.get(id=parked).status == "runnable"
     assert list(Signal.objects.filter(target_id=parked).values_list("payload", flat=True)) == [{"a": 1}]
+    other = gd.insert(Recorder, state={"names": ["confirmed"]}, queue=queue_name)
+    drain(queue=queue_name)
+    typo = admin_client.post(_act("signal", other), {"ids": str(other), "name": "confirmd", "payload": "{}",
+                                                     "next": _change(other)}, follow=True).content.decode()
+    assert (f"Signal &#x27;confirmd&#x27; wakes nothing yet: #{other} awaits &#x27;confirmed&#x27;. It is stored"
+            in typo)
+    assert Instance.objects.get(id=other).status == "awaiting_signal"
 
     failed = gd.insert(Plain, queue=queue_name)
     Instance.objects.filter(id=failed).update(status="failed", attempt=4)
