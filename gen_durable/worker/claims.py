@@ -116,9 +116,13 @@ def pick(queue: str, limit: int, worker: str, ttl: float, *, gates=(), using=Non
             foreign = [j for j in jobs if not registry.knows(j.fsm, j.fsm_version, j.step)]
             jobs = [j for j in jobs if registry.knows(j.fsm, j.fsm_version, j.step)]
             claimed = jobs
-            hand_back(foreign, worker, using)
+            left = hand_back_all(foreign, worker, using)
             if stats is not None:
                 stats["unknown"] = len(foreign)
+                stats["unhanded"] = left  # still ours: the scheduler retries and heartbeats them
+            elif left:
+                logger.warning("%d row(s) of a machine this worker does not know could not be handed back "
+                               "(locked by another session): their lease returns them", len(left))
             if not jobs:
                 return []
         if limiter is not None:
@@ -299,6 +303,26 @@ def hand_back(jobs, worker: str, using=None) -> list[int]:
                            j.id, unknown_what(j.fsm, j.fsm_version, j.step))
     telemetry.emit("pick.unknown", {"count": len(ids)}, {"queue": jobs[0].queue if jobs else None})
     return ids
+
+
+HAND_BACK_ATTEMPTS = 3  # passes over rows locked for a moment (a gd.signal's statement)
+
+
+def hand_back_all(jobs, worker: str, using=None, attempts: int = HAND_BACK_ATTEMPTS) -> list:
+    """`hand_back` `jobs`, again for those it skipped (hand_back.sql passes over a row
+    another session holds locked, and one whose key a runnable row holds), up to
+    `attempts` passes 20 ms apart. Returns the claims still held: left executing under
+    this worker's lease, they must be heartbeated and handed back later (else the
+    reaper would return them with an attempt spent on a step nobody ran)."""
+    left = list(jobs)
+    for n in range(attempts):
+        if n:
+            time.sleep(0.02)
+        back = set(hand_back(left, worker, using))
+        left = [j for j in left if j.id not in back]
+        if not left:
+            break
+    return left
 
 
 def unknown_what(fsm: str, version: int, step: str) -> str:

@@ -29,7 +29,7 @@ from django.db import close_old_connections, connections as django_connections, 
 
 from .. import db, registry, sql, telemetry
 from . import connections
-from .claims import abandon, adopt_known, pick, reclaim, release, still_owned
+from .claims import abandon, adopt_known, hand_back_all, pick, reclaim, release, still_owned
 from .roles import FailureLog
 from . import aio
 from .executor import (StepWhere, aexecute, continuation, emit_stop, error_text, execute, execute_timeout, is_async,
@@ -166,6 +166,9 @@ class Scheduler:
         self._throttled = False  # the last pick had rows the limiter denied
         self.on_deferred = None  # callback when a pick deferred denied rows (the process timer re-reads)
         self._thread = threading.Thread(target=self._loop, name=f"gd-sched-{queue}", daemon=True)
+        # Claimed rows of an unknown machine a pick could not hand back (a row lock held
+        # elsewhere): still ours, heartbeated, handed back at the next ticks (`_hand_back_unknown`).
+        self._unhanded: dict = {}
         self._steps: list[threading.Thread] = []  # sync step threads, started as sync rows need them
         self._threads = 0  # of them, alive and not stuck on an abandoned step
         # At most this many (the connection budget counts them): one on an async-only queue.
@@ -201,6 +204,14 @@ class Scheduler:
         self._stop.set()
         self._wake.set()
         self._thread.join(5)
+        if self._unhanded:
+            self._hand_back_unknown(attempts=RELEASE_ATTEMPTS)
+            if self._unhanded:  # still locked: back to runnable as they were (no attempt), not to the reaper
+                try:
+                    release(list(self._unhanded.values()), self.worker_id, self.using)
+                except Exception:
+                    logger.exception("could not release %d row(s) of unknown machines", len(self._unhanded))
+                self._unhanded.clear()
         with self._lock:
             # Timed-out rows stay: a step thread runs their handle() before it exits.
             buffered = [j for j in self.buffer if not isinstance(j, TimedOut)]
@@ -286,6 +297,21 @@ class Scheduler:
                 limiter.credit([slots[i] for i in released if i in slots])
         return released
 
+    def _hand_back_unknown(self, attempts: int) -> None:
+        """Hand back the rows a pick could not (`_unhanded`); those still locked stay."""
+        with self._lock:
+            jobs = list(self._unhanded.values())
+        try:
+            left = {j.id for j in hand_back_all(jobs, self.worker_id, self.using, attempts)}
+        except Exception as exc:
+            logger.warning("queue %s: could not hand back %d row(s) of unknown machines (%s); retrying",
+                           self.queue, len(jobs), exc)
+            return
+        with self._lock:
+            for j in jobs:
+                if j.id not in left:
+                    self._unhanded.pop(j.id, None)
+
     # --- state ------------------------------------------------------------------
     def held_ids(self) -> list[int]:
         """Rows to heartbeat: buffered and in flight, less steps running past their
@@ -298,7 +324,7 @@ class Scheduler:
             for r in self._runs.values():
                 if r.active and past_deadline(r.started, r.timeout, now):
                     over[r.job.id] = max(r.job.claim, over.get(r.job.id, r.job.claim))
-            held = itertools.chain(self.buffer, self.in_flight.values())
+            held = itertools.chain(self.buffer, self.in_flight.values(), self._unhanded.values())
             return sorted({j.id for j in held if j.id not in over or j.claim > over[j.id]})
 
     def held_slots(self) -> list:
@@ -478,6 +504,8 @@ class Scheduler:
             self._adapt(time.monotonic())
         if self.buffer:
             self._hand_back(time.monotonic())
+        if self._unhanded:
+            self._hand_back_unknown(attempts=1)
         demand = self.demand()
         claimed = 0
         if demand > 0 and (demand >= self.min_demand or self.idle()) and not self.paused():
@@ -490,6 +518,9 @@ class Scheduler:
                         window=window, stats=stats, held=held)
             for job in jobs:
                 job.session = self._session
+            if stats.get("unhanded"):
+                with self._lock:
+                    self._unhanded.update((j.id, j) for j in stats["unhanded"])
             # Widen the next claim only while denied rows dominate the head of the queue.
             denied = stats.get("denied", 0)
             self._throttled = denied > 0 and denied * 2 >= stats.get("claimed", 0)

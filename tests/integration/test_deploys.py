@@ -10,6 +10,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -147,6 +149,70 @@ def test_the_pick_hands_back_what_this_process_does_not_know_without_failing_it(
     assert sorted(adopt_known(queue_name, 10)) == ids[:3]          # the new release adopts them
     again = pick(queue_name, 10, "w-new", 30)
     assert sorted(j.id for j in again) == ids[:3] and {j.attempt for j in again} == {0}
+
+
+def _lock_row_at_hand_back(monkeypatch, row_id, hold):
+    """Make the first hand-back meet a row lock on `row_id` another session holds for
+    `hold` seconds (what a gd.signal, an admin action or a bulk call takes at that moment)."""
+    import psycopg
+
+    from gen_durable.worker import claims
+
+    original, held, first = claims.hand_back, threading.Event(), []
+
+    def locker():
+        params = connection.get_connection_params()
+        params.pop("cursor_factory", None)
+        with psycopg.connect(**params) as other:
+            other.execute("SELECT 1 FROM gen_durable WHERE id = %s FOR NO KEY UPDATE", [row_id])
+            held.set()
+            time.sleep(hold)  # the transaction ends (the lock goes) as the block exits
+
+    def racing(jobs, worker, using=None):
+        if not first:
+            first.append(threading.Thread(target=locker, daemon=True))
+            first[0].start()
+            held.wait(10)
+        return original(jobs, worker, using)
+
+    monkeypatch.setattr(claims, "hand_back", racing)
+    return first
+
+
+def test_a_hand_back_that_meets_a_brief_row_lock_tries_again(committed, queue_name, monkeypatch):
+    """hand_back.sql skips a locked row (SKIP LOCKED): the pick tries it again 20 ms later.
+    Control: one pass left it executing under a lease nobody renewed, and the reaper
+    returned it with an attempt spent and "the worker died" in last_error."""
+    from gen_durable import registry
+    from gen_durable.worker.claims import pick
+
+    id_ = gd.insert(Added, queue=queue_name)
+    monkeypatch.delitem(registry._machines, ("tests.deploy.Added", 1))  # this process is the old release
+    monkeypatch.setattr(registry, "_known", None)
+    _lock_row_at_hand_back(monkeypatch, id_, hold=0.01)
+    assert pick(queue_name, 10, "w-old", 30, stats=(stats := {})) == [] and stats["unhanded"] == []
+    row = Instance.objects.get(id=id_)
+    assert (row.status, row.locked_by, row.attempt, row.last_error) == ("runnable", None, 0, None)
+    assert row.unknown_since is not None
+
+
+def test_a_row_locked_through_the_hand_back_stays_leased_and_goes_back_once_free(committed, queue_name,
+                                                                                 monkeypatch, engine):
+    """Locked for 2 s (a signal inside a long transaction): the worker keeps the row,
+    heartbeated, and hands it back once the lock goes; no attempt is spent. Control:
+    dropped from the batch, it stayed executing until its lease (60 s) ran out."""
+    from gen_durable import registry
+
+    id_ = gd.insert(Added, queue=queue_name)
+    monkeypatch.delitem(registry._machines, ("tests.deploy.Added", 1))
+    monkeypatch.setattr(registry, "_known", None)
+    locker = _lock_row_at_hand_back(monkeypatch, id_, hold=2.0)
+    engine({queue_name: 2})
+    wait_until(lambda: locker and not locker[0].is_alive(), timeout=10, what="the lock taken and released")
+    wait_until(lambda: Instance.objects.get(id=id_).unknown_since is not None, timeout=5,
+               what="handed back once the lock went")
+    row = Instance.objects.get(id=id_)
+    assert (row.status, row.locked_by, row.attempt, row.last_error) == ("runnable", None, 0, None)
 
 
 def test_the_overview_says_which_rows_wait_for_a_worker_that_knows_them(admin_client, queue_name):
