@@ -379,23 +379,28 @@ def batch_alias(batch: Batch) -> str | None:
     return routed_alias(batch.shapes[0].fsm, batch.shapes[0].queue) if batch.shapes else None
 
 
-def warn_outside_atomic(call: str, fsm: str, routed: str) -> None:
+def warn_outside_atomic(call: str, fsm: str, routed: str, why: str | None = None, skip: tuple = ()) -> None:
     """Warn (RoutedOutsideTransactionWarning) when a call that the routes sent to alias
     `routed` runs inside `transaction.atomic()` on another alias but none on `routed`:
     Django's transactions are per database, so the row commits at once. The warning
-    names the first caller outside gen_durable (`Checkout.insert()` too)."""
+    names the first caller outside gen_durable (`Checkout.insert()` too). why: the
+    setting that chose `routed` (default: GEN_DURABLE["DATABASES"] for `fsm`); skip:
+    directories of other libraries' frames between the caller and gen_durable."""
     if connections[routed].in_atomic_block:
         return
     held = sorted(c.alias for c in connections.all(initialized_only=True) if c.in_atomic_block)
     if held:
         frame, stacklevel = sys._getframe(1), 2
-        while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        while frame is not None and frame.f_code.co_filename.startswith((_PACKAGE_DIR, *skip)):
             frame, stacklevel = frame.f_back, stacklevel + 1
+        hint = ", or pass using=" if why is None else ""  # a route: the caller may choose the alias
+        why = why or f"GEN_DURABLE['DATABASES'] routes {fsm!r} to database {routed!r}"
         warnings.warn(RoutedOutsideTransactionWarning(
-            f"{call}: GEN_DURABLE['DATABASES'] routes {fsm!r} to database {routed!r}, which has no "
+            f"{call}: {why}, which has no "
             f"transaction open, while transaction.atomic() is open on {', '.join(map(repr, held))}: the row "
             f"commits now and survives a rollback of that block; wrap the call in "
-            f"transaction.atomic(using={routed!r}) too, or pass using= (docs/scaling.md)"), stacklevel=stacklevel)
+            f"transaction.atomic(using={routed!r}) too{hint} (docs/scaling.md)"),
+            stacklevel=stacklevel)
 
 
 def insert_rows(batch: Batch, parent_ids=None, using=None) -> list[int | None]:

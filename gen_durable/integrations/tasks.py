@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import inspect
+import os
 import threading
 from importlib.util import find_spec
 from typing import Any, ClassVar
@@ -33,6 +34,7 @@ from django.utils.dateparse import parse_datetime
 from django.utils.module_loading import import_string
 
 from .. import db, registry, sql
+from ..calls import warn_outside_atomic
 from ..codec import clean_text, encode
 from ..conf import get_settings
 from ..exceptions import UnknownMachine
@@ -100,6 +102,11 @@ def from_django_priority(priority: int) -> int:
 def to_django_priority(priority: int) -> int:
     """gen_durable's priority of a task row → Django's (the inverse of `from_django_priority`)."""
     return -int(priority)
+
+
+# The Tasks framework's own code (Task.enqueue) sits between a caller and the backend: a
+# warning names the caller's line, not the framework's.
+_TASKS_DIRS = (os.path.dirname(inspect.getfile(Task)) + os.sep,)
 
 
 class TaskMachine(Machine):
@@ -347,6 +354,15 @@ class GenDurableBackend(BaseTaskBackend):
                           started_at=None, finished_at=None, last_attempted_at=None, args=args,
                           kwargs=kwargs, backend=self.alias, errors=[], worker_ids=[])
 
+    def _warn_outside_atomic(self, call, task):
+        """RoutedOutsideTransactionWarning when OPTIONS["DATABASE"] puts this backend's
+        rows on a database with no transaction open while the caller holds one on another:
+        the task would commit now, not with the caller's transaction."""
+        setting = "OPTIONS['DATABASE']" if self._database else "GEN_DURABLE['DATABASE'] (its OPTIONS name none)"
+        warn_outside_atomic(call, getattr(task, "module_path", ""), self.database,
+                            why=f"TASKS[{self.alias!r}] puts its tasks on database {self.database!r} "
+                                f"({setting})", skip=_TASKS_DIRS)
+
     def enqueue(self, task, args, kwargs):
         """Insert one task; return its READY TaskResult. Statements: 1.
 
@@ -356,6 +372,7 @@ class GenDurableBackend(BaseTaskBackend):
         InvalidTaskBackend when the alias's settings are invalid (gen_durable.E060).
         """
         row = self._row(task, args, kwargs)
+        self._warn_outside_atomic("enqueue", task)
         [(id_, enqueued_at)] = _insert([row], self.database)
         result = self._ready(task, id_, enqueued_at, args, kwargs)
         task_enqueued.send(type(self), task_result=result)
@@ -462,6 +479,7 @@ def enqueue_all(calls) -> list:
         by_database.setdefault(p[0].database, []).append(i)
     returned: list = [None] * len(prepared)
     for alias, positions in by_database.items():
+        prepared[positions[0]][0]._warn_outside_atomic("enqueue_all", prepared[positions[0]][1])
         for i, got in zip(positions, _insert([prepared[i][4] for i in positions], alias)):
             returned[i] = got
     results = []

@@ -229,6 +229,36 @@ def test_a_task_backend_on_other_enqueues_and_reads_there(two_databases, keep_si
         on_other.get_result(str(10**12))
 
 
+def test_a_task_enqueued_on_another_database_inside_atomic_warns_that_it_commits_at_once(two_databases):
+    """The backend's OPTIONS["DATABASE"] chose "other", not the caller: as for a routed
+    gd.insert, an atomic() on default only does not hold the task back, and the caller is
+    told. Controls: atomic() on "other" too, or a backend on default, warn of nothing."""
+    import warnings
+
+    from django.db import transaction
+
+    from gen_durable.tasks import enqueue_all
+    from tests.durable_app import tasks as t
+
+    on_other = t.add.using(backend="other")
+    with pytest.raises(RuntimeError), transaction.atomic():
+        with pytest.warns(gd.RoutedOutsideTransactionWarning,
+                          match=r"enqueue: TASKS\['other'\] puts its tasks on database 'other' "
+                                r"\(OPTIONS\['DATABASE'\]\), which has no transaction open") as caught:
+            kept = on_other.enqueue(1, 2)
+        assert caught[0].filename == __file__
+        with pytest.warns(gd.RoutedOutsideTransactionWarning, match=r"^enqueue_all: "):
+            enqueue_all([(on_other, [3, 4], {})])
+        raise RuntimeError("roll back")
+    assert Instance.objects.using("other").filter(id=int(kept.id)).exists()  # what the warning said
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with transaction.atomic(), transaction.atomic(using="other"):
+            on_other.enqueue(1, 2)
+        with transaction.atomic():
+            t.add.enqueue(1, 2)
+
+
 def test_a_task_backend_naming_an_unknown_database_is_e060():
     from django.core.checks import run_checks
     from django.test import override_settings
