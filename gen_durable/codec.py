@@ -133,38 +133,48 @@ def encode(value, what: str, limit: int | None = None) -> str:
     return text
 
 
-def _where_unencodable(value, path="", depth=0) -> str:
+_HINT_DEPTH = 50  # levels the error-path helpers below look into
+
+
+def _where_unencodable(value, path="", depth=0, seen=None) -> str:
     """" at ['user']": the path of the first value in `value` the encoder refuses, for
-    the error message (the error path only; "" when it cannot be told)."""
-    if depth > 50:
-        return ""
+    the error message (the error path only; "" when it cannot be told). Follows only the
+    failing branch; a cycle is named where it closes."""
+    seen = set() if seen is None else seen
+    seen.add(id(value))
+    if depth >= _HINT_DEPTH:
+        return f" inside {path}"  # deeper than we look
     items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else None
     if items is None:
         return ""
     for key, item in items:
+        here = f"{path}[{key!r}]"
+        if id(item) in seen and isinstance(item, (dict, list, tuple)):
+            return f" at {here} (a circular reference: it contains itself)"
         try:
             _dumps(item)
         except (TypeError, ValueError, RecursionError):
-            here = f"{path}[{key!r}]"
-            return _where_unencodable(item, here, depth + 1) or f" at {here}"
-        else:
-            if isinstance(value, dict) and not isinstance(key, (str, int, float, bool)) and key is not None:
-                return f" at key {key!r} of {path or 'it'}"
+            return _where_unencodable(item, here, depth + 1, seen) or f" at {here}"
+        if isinstance(value, dict) and not isinstance(key, (str, int, float, bool)) and key is not None:
+            return f" at key {key!r} of {path or 'it'}"
     return ""
 
 
-def _model_hint(value, depth=0) -> str:
+def _model_hint(value) -> str:
     """A hint for the most common refusal, a Django model instance (request.user, say),
-    anywhere in `value`; "" when there is none."""
+    anywhere in `value` (each container looked into once, at most 10,000 of them); ""
+    when there is none."""
     from django.db.models import Model
 
-    if isinstance(value, Model):
-        return (f" (a {type(value).__name__} model instance: store its primary key, .pk, and read the row "
-                "again in the step)")
-    if depth < 50 and isinstance(value, (dict, list, tuple)):
-        for item in value.values() if isinstance(value, dict) else value:
-            if hint := _model_hint(item, depth + 1):
-                return hint
+    stack, seen = [(value, 0)], set()
+    while stack and len(seen) < 10_000:
+        item, depth = stack.pop()
+        if isinstance(item, Model):
+            return (f" (a {type(item).__name__} model instance: store its primary key, .pk, and read the row "
+                    "again in the step)")
+        if depth < _HINT_DEPTH and isinstance(item, (dict, list, tuple)) and id(item) not in seen:
+            seen.add(id(item))
+            stack.extend((x, depth + 1) for x in reversed(list(item.values() if isinstance(item, dict) else item)))
     return ""
 
 

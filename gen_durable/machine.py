@@ -410,35 +410,46 @@ def jittered(delay) -> float:
 _CTX_NAMES = ("ctx", "context")
 
 
+def _names_the_ctx(param) -> bool:
+    """Whether a job function's second parameter is meant for the ctx: named ctx or
+    context (or `_`-prefixed: unused), or annotated with gd.Context."""
+    annotation = param.annotation
+    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", repr(annotation))
+    return param.name in _CTX_NAMES or param.name.startswith("_") or "Context" in str(text)
+
+
 def _job_arity(fn) -> int:
     """2 when @gd.job's `fn` takes (args, ctx), 1 when it takes (args); raises
     InvalidInput for a signature the job cannot be called with: none of one argument
-    (a Celery-style `def send(to, subject)`), or a second argument that is not the ctx."""
+    (a Celery-style `def send(to, subject)`), a second argument that is not the ctx, or
+    a required keyword-only one. A `*args` function (a decorator's wrapper without
+    functools.wraps) is given the ctx when it has two parameters or more, as before."""
     sig = inspect.signature(fn)
-    positional = [p for p in sig.parameters.values()
-                  if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)]
-    names = ", ".join(sig.parameters)
+    params = list(sig.parameters.values())
+    name = getattr(fn, "__qualname__", None) or type(fn).__name__
+    short = getattr(fn, "__name__", None) or "fn"
     shape = (f"a job function is called with one dict, the `args` given at insert (args={{...}}), and "
-             f"optionally the step's `ctx`: def {fn.__name__}(args) or def {fn.__name__}(args, ctx), reading "
+             f"optionally the step's `ctx`: def {short}(args) or def {short}(args, ctx), reading "
              f"args['...'] inside")
-
-    def binds(n):
-        try:
-            sig.bind(*range(n))
-        except TypeError:
-            return False
-        return True
-
+    where = f"@gd.job {name}({', '.join(map(str, params))})"
+    required_kw = [p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY and p.default is p.empty]
+    if required_kw:
+        raise InvalidInput(f"{where}: keyword-only {', '.join(required_kw)} would get no value; {shape}")
+    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params):
+        return 2 if len(params) >= 2 else 1
+    positional = [p for p in params if p.kind in (inspect.Parameter.POSITIONAL_ONLY,
+                                                  inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    if not positional:
+        raise InvalidInput(f"{where} cannot take the job's args: {shape}")
+    extra = [p.name for p in positional[2:] if p.default is p.empty]
+    if extra:
+        raise InvalidInput(f"{where}: {', '.join(extra)} would get no value; {shape}")
     if len(positional) >= 2:
         second = positional[1]
-        annotated = str(getattr(second.annotation, "__name__", second.annotation)).endswith("Context")
-        if second.name in _CTX_NAMES or annotated:
-            if binds(2):
-                return 2
-        elif second.default is inspect.Parameter.empty:
-            raise InvalidInput(f"@gd.job {fn.__qualname__}({names}): {shape}")
-    if not binds(1):
-        raise InvalidInput(f"@gd.job {fn.__qualname__}({names}) cannot take the job's args: {shape}")
+        if _names_the_ctx(second):
+            return 2
+        if second.default is second.empty:
+            raise InvalidInput(f"{where}: {shape} (name the second parameter ctx if it is for the ctx)")
     return 1
 
 

@@ -92,8 +92,9 @@ class Schedule:
     def latest_at_or_before(self, first: dt.datetime, now: dt.datetime) -> tuple[dt.datetime, dt.datetime]:
         """(latest tick <= now, first tick > now), given `first`, a tick <= now."""
         latest, nxt = first, self.next_after(first)
+        utc_now = now.astimezone(dt.timezone.utc)  # instants: one tzinfo would compare wall times
         for _ in range(MAX_WALK):
-            if nxt > now:
+            if nxt.astimezone(dt.timezone.utc) > utc_now:
                 return latest, nxt
             latest, nxt = nxt, self.next_after(nxt)
         # Down for very long: jump to the tick before now rather than walk every one.

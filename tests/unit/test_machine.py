@@ -486,7 +486,11 @@ def test_an_unknown_name_suggests_the_registered_one_it_is_nearest():
 @pytest.mark.parametrize("source, takes_ctx", [
     ("def f(args): pass", False), ("def f(args, ctx): pass", True), ("def f(args, context): pass", True),
     ("def f(args, c: 'gd.Context'): pass", True), ("def f(args, retries=3): pass", False),
-    ("def f(*args): pass", False), ("def f(args, ctx, extra=1): pass", True)])
+    ("def f(*args): pass", False), ("def f(args, ctx, extra=1): pass", True),
+    ("def f(args, _ctx): pass", True), ("def f(args, _): pass", True),
+    ("def f(args, c: 'gd.Context | None' = None): pass", True),
+    ("def f(*a, **k): pass", True),  # a decorator's wrapper without functools.wraps: as before
+    ("def f(args, *rest): pass", True)])
 def test_a_job_function_takes_args_and_optionally_ctx(source, takes_ctx):
     space = {}
     exec(source, space)
@@ -494,15 +498,18 @@ def test_a_job_function_takes_args_and_optionally_ctx(source, takes_ctx):
     assert made.perform._gd_takes_ctx is takes_ctx  # `retries` is no longer handed the ctx
 
 
-@pytest.mark.parametrize("source", ["def f(to, subject): pass", "def f(): pass", "def f(args, ctx, extra): pass",
-                                    "def f(args, *, to): pass"])
-def test_a_job_function_the_job_cannot_call_is_refused_saying_how_it_is_called(source):
+@pytest.mark.parametrize("source, why", [
+    ("def f(to, subject): pass", "f(to, subject): a job function"), ("def f(): pass", "cannot take the job's args"),
+    ("def f(args, ctx, extra): pass", "extra would get no value"),
+    ("def f(args, *, to): pass", "keyword-only to would get no value")])
+def test_a_job_function_the_job_cannot_call_is_refused_saying_how_it_is_called(source, why):
     """A Celery-style `def send(to, subject)` was accepted and called as send(args, ctx):
     `to` got the whole dict and `subject` the Context, and it finished `done`."""
     space = {}
     exec(source, space)
-    with pytest.raises(gd.InvalidInput, match=r"^@gd\.job f\(.*\).*def f\(args\) or def f\(args, ctx\)"):
+    with pytest.raises(gd.InvalidInput, match=r"^@gd\.job f\(.*\).*def f\(args\) or def f\(args, ctx\)") as exc:
         gd.job(space["f"], name="tests.unit.jobsig.refused")
+    assert why in str(exc.value)
 
 
 def test_calling_a_job_as_the_function_says_how_to_insert_it_or_call_the_function():
