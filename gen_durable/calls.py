@@ -379,6 +379,16 @@ def batch_alias(batch: Batch) -> str | None:
     return routed_alias(batch.shapes[0].fsm, batch.shapes[0].queue) if batch.shapes else None
 
 
+def caller_stacklevel(skip: tuple = ()) -> int:
+    """The `stacklevel` for a `warnings.warn` in the caller of this function that names
+    the first frame outside gen_durable (and the directories in `skip`: asgiref's
+    sync_to_async, the Tasks framework) — the user's line."""
+    frame, stacklevel = sys._getframe(2), 2
+    while frame is not None and frame.f_code.co_filename.startswith((_PACKAGE_DIR, *skip)):
+        frame, stacklevel = frame.f_back, stacklevel + 1
+    return stacklevel
+
+
 def warn_outside_atomic(call: str, fsm: str, routed: str, why: str | None = None, skip: tuple = ()) -> None:
     """Warn (RoutedOutsideTransactionWarning) when a call that the routes sent to alias
     `routed` runs inside `transaction.atomic()` on another alias but none on `routed`:
@@ -390,9 +400,7 @@ def warn_outside_atomic(call: str, fsm: str, routed: str, why: str | None = None
         return
     held = sorted(c.alias for c in connections.all(initialized_only=True) if c.in_atomic_block)
     if held:
-        frame, stacklevel = sys._getframe(1), 2
-        while frame is not None and frame.f_code.co_filename.startswith((_PACKAGE_DIR, *skip)):
-            frame, stacklevel = frame.f_back, stacklevel + 1
+        stacklevel = caller_stacklevel(skip)
         hint = ", or pass using=" if why is None else ""  # a route: the caller may choose the alias
         why = why or f"GEN_DURABLE['DATABASES'] routes {fsm!r} to database {routed!r}"
         warnings.warn(RoutedOutsideTransactionWarning(

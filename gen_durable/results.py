@@ -110,18 +110,27 @@ def _read(target, using=None) -> Snapshot | None:
 
 
 def _digits_hint(call: str, target) -> None:
-    """Warn (at the caller of `call`) when `target`, a str that found nothing, is an id
-    in digits: a str is always a correlation key."""
-    if isinstance(target, str) and target.strip().isdigit():
+    """Warn (at the user's line: through aget/aawait_result too) when `target`, a str that
+    found nothing, is an id in ASCII digits: a str is always a correlation key."""
+    if isinstance(target, str) and target.strip().isascii() and target.strip().isdecimal():
+        from .calls import caller_stacklevel
         from .exceptions import IdAsKeyWarning
 
         warnings.warn(f"gd.{call}({target!r}) found nothing: a str target is a correlation key, and no instance "
                       f"has the key {target!r}; to address instance {target.strip()} by id pass an int: "
-                      f"int({target!r})", IdAsKeyWarning, stacklevel=3)
+                      f"int({target!r})", IdAsKeyWarning,
+                      stacklevel=caller_stacklevel())
 
 
-aget = sync_to_async(get)
-aget.__doc__ = "Async twin of `get`."
+_aread = sync_to_async(_read)
+
+
+async def aget(target, *, using=None) -> Snapshot | None:
+    """Async twin of `get`."""
+    snap = await _aread(target, using)
+    if snap is None:
+        _digits_hint("aget", target)  # here, not in the thread: at the caller's line
+    return snap
 
 
 class ResultWatcher:
@@ -218,7 +227,15 @@ def await_result(id: int, timeout: float = 5.0, *, until: str = "settled", using
         busy (still runnable/executing at the deadline — not a failure: call again
         later, that is the retry protocol) or not_found; every result but not_found
         carries a snapshot (status, step, attempt, ...).
+    Warns `IdAsKeyWarning` when a str of digits finds nothing.
     """
+    result = _await_result(id, timeout, until, using)
+    if result.status == "not_found":
+        _digits_hint("await_result", id)
+    return result
+
+
+def _await_result(id, timeout, until, using) -> Result:
     from .outcomes import seconds
 
     timeout = seconds(timeout, "timeout")
@@ -231,7 +248,6 @@ def await_result(id: int, timeout: float = 5.0, *, until: str = "settled", using
     # LISTEN connection is opened until a call has to wait.
     snap = _read(id, using)
     if snap is None:
-        _digits_hint("await_result", id)
         return Result("not_found")
     found = _settled(snap, until)
     if found is not None:
@@ -270,9 +286,9 @@ def _written_here(id: int, using=None) -> bool:
     return bool(row and row[0])
 
 
-def _await_result_off_thread(id: int, timeout: float = 5.0, *, until: str = "settled", using=None) -> Result:
+def _await_result_off_thread(id, timeout, until, using) -> Result:
     try:
-        return await_result(id, timeout, until=until, using=using)
+        return _await_result(id, timeout, until, using)
     finally:
         # This is an executor thread, not the request thread: Django's end-of-request
         # cleanup never runs here, so release the connection as a request would
@@ -281,5 +297,12 @@ def _await_result_off_thread(id: int, timeout: float = 5.0, *, until: str = "set
 
 
 # A waiting call must not hold the shared sync thread of an async view.
-aawait_result = sync_to_async(_await_result_off_thread, thread_sensitive=False)
-aawait_result.__doc__ = "Async twin of `await_result` (runs in its own thread)."
+_aawait_result = sync_to_async(_await_result_off_thread, thread_sensitive=False)
+
+
+async def aawait_result(id: int, timeout: float = 5.0, *, until: str = "settled", using=None) -> Result:
+    """Async twin of `await_result` (it waits in a thread of its own)."""
+    result = await _aawait_result(id, timeout, until, using)
+    if result.status == "not_found":
+        _digits_hint("aawait_result", id)  # here, not in the thread: at the caller's line
+    return result

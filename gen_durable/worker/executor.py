@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import inspect
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -268,21 +269,22 @@ def _run(cls, job: Claimed, inline: bool = False) -> Entry:
 
 _KEEPING = (Next, Retry, Await, ScheduleChildren)  # outcomes whose state= defaults to KEEP
 _dropped_warned: set = set()  # (machine, step) already warned of, in this process
+DROPPED_CHECK_BYTES = 64 * 1024  # larger states are not decoded again to compare
 
 
 def _warn_if_state_dropped(cls, job: Claimed, ctx: Context, outcome) -> None:
     """Warn, once per machine and step in this process, when a step changed `ctx.state`
     in place (or replaced it) and returned an outcome that keeps the committed state (no
-    `state=`): the change is not stored, which reads as lost data. Costs one decode of
-    the committed state per such outcome; Jobs are not checked (their args are input)."""
-    if (not isinstance(outcome, _KEEPING) or outcome.state is not KEEP or job.raw_state is None
-            or issubclass(cls, Job) or (cls.name, job.step) in _dropped_warned):
+    `state=`): the change is not stored, which reads as lost data. Checked for a plain
+    dict state of at most DROPPED_CHECK_BYTES (one decode of it per such outcome, a few
+    µs); not for a typed `State` (a decoded instance need not equal another: eq=False,
+    default_factory fields), nor for Jobs (their args are input)."""
+    raw = job.raw_state
+    if (not isinstance(outcome, _KEEPING) or outcome.state is not KEEP or raw is None or cls.State is not None
+            or len(raw) > DROPPED_CHECK_BYTES or issubclass(cls, Job) or (cls.name, job.step) in _dropped_warned):
         return
     try:
-        committed = loads(job.raw_state)
-        if cls.State is not None:
-            committed = load_typed(cls.State, committed)
-        changed = committed != ctx.state
+        changed = loads(raw) != ctx.state
     except Exception:  # an __eq__ that raises: nothing to say
         return
     if changed:
@@ -410,7 +412,7 @@ async def _arun(cls, job: Claimed, inline: bool = False) -> Entry:
                 hctx.state = _committed_state(cls, job)
             except BaseException as exc:
                 return stop_entry(job, f"{error_text(error)}; its state no longer decodes: {error_text(exc)}")
-        shared = False  # whether handle() runs on Django's shared sync thread
+        waiting = None  # a sync handle(): set once Django's shared sync thread runs it
         try:
             handle = machine.handle
             if inspect.iscoroutinefunction(handle):
@@ -418,15 +420,21 @@ async def _arun(cls, job: Claimed, inline: bool = False) -> Entry:
             elif type(machine).handle in PURE_HANDLES:
                 outcome = handle(error, hctx)  # the built-in ones touch no database
             else:  # a user's sync handle() may use the ORM: Django's rule is off the loop;
-                # bounded too: Django's shared sync thread may be held by a step's stuck call
-                shared = True
-                outcome = await _within(sync_to_async(handle)(error, hctx), timeout, job, "handle()")
+                # bounded as an async one is (the shared sync thread may also be held by a step's stuck call)
+                waiting = threading.Event()
+
+                def run_handle():
+                    waiting.set()
+                    return handle(error, hctx)
+
+                outcome = await _within(sync_to_async(run_handle)(), timeout, job, "handle()")
             entry = _handle_entry(outcome, cls, job, inline)
         except asyncio.CancelledError:
             raise
         except _Overdue:
-            why = (" (a sync handle() of an async machine runs on Django's shared sync thread, which a "
-                   "sync_to_async call of a step may hold: make it async def)") if shared else ""
+            why = (" (it never started: a sync handle() of an async machine runs on Django's shared sync "
+                   "thread, which a sync_to_async call of a step still held; make handle() async def)"
+                   if waiting is not None and not waiting.is_set() else "")
             return _handle_failed(job, error, TimeoutError(f"handle() did not return within the step timeout "
                                                            f"of {timeout:g}s{why}"))
         except BaseException as handle_error:

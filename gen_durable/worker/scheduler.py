@@ -298,11 +298,13 @@ class Scheduler:
         return released
 
     def _hand_back_unknown(self, attempts: int) -> None:
-        """Hand back the rows a pick could not (`_unhanded`); those still locked stay."""
+        """Hand back the rows a pick could not (`_unhanded`); those still locked stay,
+        while they are ours (one cancelled or reaped meanwhile is let go)."""
         with self._lock:
             jobs = list(self._unhanded.values())
         try:
-            left = {j.id for j in hand_back_all(jobs, self.worker_id, self.using, attempts)}
+            stuck = hand_back_all(jobs, self.worker_id, self.using, attempts)
+            left = still_owned(stuck, self.worker_id, self.using) if stuck else set()
         except Exception as exc:
             logger.warning("queue %s: could not hand back %d row(s) of unknown machines (%s); retrying",
                            self.queue, len(jobs), exc)

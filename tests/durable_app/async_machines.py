@@ -276,6 +276,23 @@ class AsyncSyncBlockSyncHandle(AsyncSyncBlock):
         return gd.Done({"error": type(error).__name__})
 
 
+class AsyncRaisesSyncHandle(gd.Machine):
+    """An async step (timeout 0.3 s) that raises at once; its sync handle() sleeps
+    state["handle_sleep"] seconds, then returns Done."""
+
+    name = "tests.AsyncRaisesSyncHandle"
+
+    @gd.step(timeout=0.3)
+    async def start(self, ctx):
+        raise RuntimeError("boom")
+
+    def handle(self, error, ctx):
+        import time
+
+        time.sleep(ctx.state["handle_sleep"])
+        return gd.Done({"handled": type(error).__name__})
+
+
 class AsyncSlowJob(gd.Job):
     name = "tests.AsyncSlowJob"
     timeout = 0.3

@@ -335,10 +335,26 @@ def test_a_sync_handle_behind_the_held_shared_sync_thread_fails_the_instance_at_
         wait_until(lambda: statuses([stuck]) == ["failed"], timeout=5, what="failed at handle()'s budget")
         assert not HOLD_SYNC_THREAD.is_set()
         assert Instance.objects.get(id=stuck).last_error.startswith(
-            "handle() failed: TimeoutError: handle() did not return within the step timeout of 0.5s (a sync "
-            "handle() of an async machine runs on Django's shared sync thread")
+            "handle() failed: TimeoutError: handle() did not return within the step timeout of 0.5s (it never "
+            "started: a sync handle() of an async machine runs on Django's shared sync thread")
     finally:
         HOLD_SYNC_THREAD.set()
+
+
+def test_a_sync_handle_has_the_step_timeout_as_its_budget_and_is_told_apart_from_one_that_never_ran(
+        engine, queue_name):
+    """Within the budget it stands; past it the instance fails as a sync machine's does,
+    without blaming the shared sync thread (it was free: handle() ran)."""
+    from tests.durable_app.async_machines import AsyncRaisesSyncHandle
+
+    quick = gd.insert(AsyncRaisesSyncHandle, queue=queue_name, state={"handle_sleep": 0.05})
+    slow = gd.insert(AsyncRaisesSyncHandle, queue=queue_name, state={"handle_sleep": 1.0})
+    engine({queue_name: 2})
+    wait_until(lambda: sorted(statuses([quick, slow])) == ["done", "failed"], timeout=10, what="both ended")
+    assert Instance.objects.get(id=quick).result == {"handled": "RuntimeError"}
+    error = Instance.objects.get(id=slow).last_error
+    assert error.startswith("handle() failed: TimeoutError: handle() did not return within the step timeout of 0.3s "
+                            "(while handling RuntimeError: boom)")
 
 
 def test_drain_runs_async_steps_in_the_calling_thread(db):

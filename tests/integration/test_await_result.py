@@ -166,10 +166,21 @@ def test_an_id_passed_as_a_str_that_finds_nothing_warns_at_the_callers_line(queu
     with pytest.warns(gd.IdAsKeyWarning, match=rf"pass an int: int\('{id_}'\)") as caught:
         assert gd.get(str(id_)) is None
     assert caught[0].filename == __file__
-    with pytest.warns(gd.IdAsKeyWarning, match=r"gd\.await_result"):
+    with pytest.warns(gd.IdAsKeyWarning, match=r"gd\.await_result") as caught:
         assert gd.await_result(str(id_), timeout=0).status == "not_found"
+    assert caught[0].filename == __file__
+
+    async def twins():  # from a coroutine, the thread they read in holds no line of the caller's
+        return await gd.aget(str(id_)), await gd.aawait_result(str(id_), timeout=0)
+
+    with pytest.warns(gd.IdAsKeyWarning) as caught:
+        got = asyncio.run(twins())
+    assert got[0] is None and got[1].status == "not_found"
+    assert [w.filename for w in caught] == [__file__, __file__]
+    assert "gd.aget(" in str(caught[0].message) and "gd.aawait_result(" in str(caught[1].message)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert gd.get(id_).id == id_
         assert gd.get(f"nope-{queue_name}") is None
         assert gd.get(f"{id_}0").id == held
+        assert gd.get("²") is None  # a digit, but not one int() reads: no advice to call it

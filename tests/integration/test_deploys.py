@@ -151,9 +151,10 @@ def test_the_pick_hands_back_what_this_process_does_not_know_without_failing_it(
     assert sorted(j.id for j in again) == ids[:3] and {j.attempt for j in again} == {0}
 
 
-def _lock_row_at_hand_back(monkeypatch, row_id, hold):
+def _lock_row_at_hand_back(monkeypatch, row_id, hold, then=None):
     """Make the first hand-back meet a row lock on `row_id` another session holds for
-    `hold` seconds (what a gd.signal, an admin action or a bulk call takes at that moment)."""
+    `hold` seconds (what a gd.signal, an admin action or a bulk call takes at that moment);
+    `then`: SQL that session runs on the row (%s: its id) before it commits."""
     import psycopg
 
     from gen_durable.worker import claims
@@ -166,7 +167,10 @@ def _lock_row_at_hand_back(monkeypatch, row_id, hold):
         with psycopg.connect(**params) as other:
             other.execute("SELECT 1 FROM gen_durable WHERE id = %s FOR NO KEY UPDATE", [row_id])
             held.set()
-            time.sleep(hold)  # the transaction ends (the lock goes) as the block exits
+            time.sleep(hold)
+            if then:
+                other.execute(then, [row_id])
+            # the transaction ends (the lock goes) as the block exits
 
     def racing(jobs, worker, using=None):
         if not first:
@@ -213,6 +217,26 @@ def test_a_row_locked_through_the_hand_back_stays_leased_and_goes_back_once_free
                what="handed back once the lock went")
     row = Instance.objects.get(id=id_)
     assert (row.status, row.locked_by, row.attempt, row.last_error) == ("runnable", None, 0, None)
+
+
+def test_a_held_back_row_cancelled_meanwhile_is_let_go(committed, queue_name, monkeypatch, engine):
+    """The session that held the lock failed the row (an admin's cancel): it is no longer
+    this worker's, so the scheduler stops handing it back and heartbeating it. Control:
+    kept, it cost a statement per feeder tick for the life of the process."""
+    from gen_durable import registry
+
+    id_ = gd.insert(Added, queue=queue_name)
+    monkeypatch.delitem(registry._machines, ("tests.deploy.Added", 1))
+    monkeypatch.setattr(registry, "_known", None)
+    locker = _lock_row_at_hand_back(monkeypatch, id_, hold=0.5, then="UPDATE gen_durable SET status = 'failed', "
+                                    "locked_by = NULL, lease_expires_at = NULL WHERE id = %s")
+    sup = engine({queue_name: 2})
+    sched = sup.schedulers[queue_name]
+    wait_until(lambda: id_ in sched._unhanded, timeout=10, what="held back while locked")
+    wait_until(lambda: not locker[0].is_alive(), timeout=10, what="the lock released, the row failed")
+    wait_until(lambda: id_ not in sched._unhanded, timeout=5, what="let go")
+    assert id_ not in sched.held_ids()
+    assert Instance.objects.get(id=id_).status == "failed"
 
 
 def test_the_overview_says_which_rows_wait_for_a_worker_that_knows_them(admin_client, queue_name):

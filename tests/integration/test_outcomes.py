@@ -5,6 +5,7 @@ Rows are claimed with the production pick for a named worker, outcomes are built
 same path the engine takes, one call at a time.
 """
 
+import dataclasses
 import datetime as dt
 import logging
 
@@ -403,3 +404,33 @@ def test_a_state_edit_an_outcome_does_not_keep_is_warned_of_once_per_step(queue_
         f"tests.outcomes.EditsInPlace#{lost[0]} step start changed ctx.state but returned gd.Next without state=")
     assert "Return gd.Next(..., state=ctx.state) to keep it" in record.getMessage()
     assert Instance.objects.get(id=untouched).result == {"counter": None}
+
+
+@dataclasses.dataclass(eq=False)
+class _Unequal:
+    n: int = 0
+
+
+class TypedKeeps(gd.Machine):
+    """A typed State whose decoded instances never compare equal (eq=False): a step that
+    edits nothing and keeps the state must not be taken for one that dropped an edit."""
+
+    name = "tests.outcomes.TypedKeeps"
+    State = _Unequal
+
+    @gd.step
+    def start(self, ctx):
+        return gd.Next("second")
+
+    @gd.step
+    def second(self, ctx):
+        return gd.Done({"n": ctx.state.n})
+
+
+@pytest.mark.django_db
+def test_a_typed_state_kept_unedited_is_not_warned_of(queue_name, caplog):
+    caplog.set_level(logging.WARNING, logger="gen_durable.worker")
+    id_ = gd.insert(TypedKeeps, queue=queue_name, state=_Unequal(n=2))
+    drain(queue=queue_name)
+    assert Instance.objects.get(id=id_).result == {"n": 2}
+    assert not [r for r in caplog.records if "changed ctx.state" in r.getMessage()]
