@@ -204,6 +204,14 @@ class ResultWatcher:
                     ev.set()
 
 
+def _answered(target, until: str, using) -> tuple[Snapshot | None, Result | None]:
+    """(the row, and its Result when the call needs no wait: not found, or settled)."""
+    snap = _read(target, using)
+    if snap is None:
+        return None, Result("not_found")
+    return snap, _settled(snap, until)
+
+
 def _settled(snap: Snapshot, until: str) -> Result | None:
     if snap.status == "done":
         return Result("done", result=snap.result, snapshot=snap)
@@ -246,10 +254,7 @@ def _await_result(id, timeout, until, using) -> Result:
     deadline = time.monotonic() + timeout
     # A settled (or missing) instance is answered by one read, with no watcher: no
     # LISTEN connection is opened until a call has to wait.
-    snap = _read(id, using)
-    if snap is None:
-        return Result("not_found")
-    found = _settled(snap, until)
+    snap, found = _answered(id, until, using)
     if found is not None:
         return found
     if db.connection(using).in_atomic_block and _written_here(snap.id, using):
@@ -265,10 +270,7 @@ def _await_result(id, timeout, until, using) -> Result:
         while True:
             ev.clear()
             # Read again once registered: a notification sent before is not lost.
-            snap = _read(id, using)
-            if snap is None:
-                return Result("not_found")
-            found = _settled(snap, until)
+            snap, found = _answered(id, until, using)
             if found is not None:
                 return found
             left = deadline - time.monotonic()
