@@ -21,6 +21,7 @@ from .exceptions import (
     SerializationError,
     StepTimeout,
     TransactionLeftOpen,
+    UnawaitedSignalWarning,
     UncommittedInstance,
     UnknownMachine,
 )
@@ -32,7 +33,7 @@ from .producer import Producer, flush_async, insert_async
 __all__ = [
     "Await", "Cancel", "Child", "Context", "Done", "DuplicateInstance", "Error", "GenDurableError",
     "IdAsKeyWarning", "InvalidInput", "InvalidOutcome", "Job", "Machine", "Next", "NoTarget", "NotMigrated", "NotRetryable", "Retry", "RoutedOutsideTransactionWarning",
-    "ScheduleChildren", "SerializationError", "Spec", "StepTimeout", "Stop", "TransactionLeftOpen", "UncommittedInstance", "UnknownMachine",
+    "ScheduleChildren", "SerializationError", "Spec", "StepTimeout", "Stop", "TransactionLeftOpen", "UnawaitedSignalWarning", "UncommittedInstance", "UnknownMachine",
     "Result", "Snapshot", "aawait_result", "acancel", "aget", "ainsert", "ainsert_all", "asignal",
     "await_result", "cancel", "get", "insert", "insert_all", "job", "signal", "step",
     "apause_queue", "apaused_queues", "aresume_queue", "aretry", "pause_queue", "paused_queues",

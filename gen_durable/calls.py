@@ -519,7 +519,17 @@ def signal(target, name: str, payload=None, *, dedup_key: str | None = None, usi
     Returns: the signal id, or None when `dedup_key` was already delivered.
     Raises: NoTarget (missing or terminal target; nothing is stored), InvalidInput,
         SerializationError.
+    Warns: `UnawaitedSignalWarning` (at the caller's line) when the target's machine can
+        never await `name`, as read from its source — a typo that would leave the instance
+        parked until its Await timeout. The signal is stored all the same.
     """
+    signal_id, fsm, version = deliver_signal(target, name, payload, dedup_key, using)
+    _warn_if_unawaited(name, fsm, version, "signal")
+    return signal_id
+
+
+def deliver_signal(target, name, payload, dedup_key, using):
+    """Deliver one signal (signal.sql): (signal id | None, the target's fsm, fsm_version)."""
     from .results import target_params
 
     text(name, "signal name")
@@ -531,7 +541,39 @@ def signal(target, name: str, payload=None, *, dedup_key: str | None = None, usi
     row = db.fetchone(sql.SIGNAL, params, using)
     if row is None:
         raise NoTarget(target)
-    return row[0]
+    return row[0], row[4], row[5]
+
+
+def unawaited_reason(name: str, fsm: str, version: int) -> str | None:
+    """Why machine (fsm, version) can never await signal `name`, in words; None when it
+    may (or this process cannot tell: the machine is not registered here, or its Awaits
+    name signals built at run time — source_steps.awaited_signal_names)."""
+    import difflib
+
+    from .source_steps import awaited_signal_names
+
+    try:
+        cls = registry.get(fsm, version)
+    except Exception:
+        return None
+    if "inbox" not in getattr(cls, "_gd_inputs", ("inbox",)):
+        return f"{fsm} never sees signals (its code takes no ctx)"
+    names = awaited_signal_names(cls)
+    if names is None or name in names:
+        return None
+    close = difflib.get_close_matches(name, sorted(names), n=1)
+    return (f"{fsm}'s steps await only {', '.join(map(repr, sorted(names)))}"
+            + (f" — did you mean {close[0]!r}?" if close else ""))
+
+
+def _warn_if_unawaited(name, fsm, version, call):
+    why = unawaited_reason(name, fsm, version)
+    if why is not None:
+        from .exceptions import UnawaitedSignalWarning
+
+        warnings.warn(UnawaitedSignalWarning(
+            f"gd.{call}(..., {name!r}): {why}; the signal is stored in the inbox but no step of this "
+            "machine will be woken by it (docs/guide.md, \"Calls\")"), stacklevel=caller_stacklevel())
 
 
 def cancel(target, reason: str = "cancelled", *, using=None) -> int:
@@ -570,8 +612,16 @@ def cancel(target, reason: str = "cancelled", *, using=None) -> int:
     return row[0]
 
 
-asignal = sync_to_async(signal)
-asignal.__doc__ = "Async twin of `signal`."
+_asignal = sync_to_async(deliver_signal)
+
+
+async def asignal(target, name: str, payload=None, *, dedup_key: str | None = None, using=None) -> int | None:
+    """Async twin of `signal`."""
+    signal_id, fsm, version = await _asignal(target, name, payload, dedup_key, using)
+    _warn_if_unawaited(name, fsm, version, "asignal")  # here, not in the thread: at the caller's line
+    return signal_id
+
+
 acancel = sync_to_async(cancel)
 acancel.__doc__ = "Async twin of `cancel`."
 

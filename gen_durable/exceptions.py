@@ -168,3 +168,12 @@ class IdAsKeyWarning(UserWarning):
     """`gd.get("27")` or `gd.await_result("27")` found nothing: a str target is always a
     correlation key, and no instance has the key "27". An id read from a URL or a form is
     a str: pass `int(...)` to address the instance by id (docs/guide.md, "Calls")."""
+
+
+class UnawaitedSignalWarning(UserWarning):
+    """`gd.signal(target, name)` to an instance whose machine can never await `name`, as
+    read from its source: every Await in its steps names other signals by literals, or its
+    code takes no ctx. Usually a typo of the name: the signal is stored, and the instance
+    stays parked until its Await times out. Not warned when the machine builds names at
+    run time, reads `ctx.all`, or is not registered in the sending process
+    (docs/guide.md, "Calls")."""

@@ -1,4 +1,6 @@
-"""The step names a step's source code returns, read without running it (check E120).
+"""The step and signal names a machine's source code uses, read without running it:
+the steps its outcomes name (check E120) and the signals its Awaits wait for (the
+`UnawaitedSignalWarning` of `gd.signal`).
 
 `Next("charge")`, `Await(..., next="finish")` and `ScheduleChildren(next="finish")` name a
 step of their own machine; one whose literal name the machine lacks fails the instance
@@ -94,36 +96,96 @@ def _reads_steps(root) -> bool:
     return any(isinstance(n, ast.Attribute) and n.attr == "steps" for n in ast.walk(root))
 
 
+def _outcome_calls(func):
+    """(filename, root, [(outcome class, call node)]) of the calls in `func` that resolve
+    to one of gen_durable's outcome classes; None when the function cannot be placed."""
+    placed = function_node(func)
+    if placed is None:
+        return None
+    filename, root = placed
+    func = inspect.unwrap(func)
+    namespace = dict(func.__globals__)
+    try:
+        namespace.update(inspect.getclosurevars(func).nonlocals)
+    except Exception:
+        pass
+    known, local = _outcomes(), _bound_here(root)
+    calls = []
+    for node in ast.walk(root):
+        if isinstance(node, ast.Call):
+            target = _resolve(node.func, namespace, local)
+            outcome = next((k for k in known if k is target), None)  # identity: no __eq__ of theirs
+            if outcome is not None:
+                calls.append((outcome, node))
+    return filename, root, calls
+
+
+def _argument(node, index: int, keyword: str):
+    return next((k.value for k in node.keywords if k.arg == keyword),
+                node.args[index] if len(node.args) > index else None)
+
+
 def literal_step_names(func) -> list[tuple[str, str, str, int]]:
     """[(outcome class name, step name, filename, line)] of the outcomes in `func` that
     name a step by a string literal. Never raises (see the module docstring)."""
-    placed = function_node(func)
-    if placed is None:
-        return []
-    filename, root = placed
-    if _reads_steps(root):
-        return []
     try:
-        func = inspect.unwrap(func)
-        namespace = dict(func.__globals__)
-        try:
-            namespace.update(inspect.getclosurevars(func).nonlocals)
-        except Exception:
-            pass
-        known, local = _outcomes(), _bound_here(root)
-        found = []
-        for node in ast.walk(root):
-            if not isinstance(node, ast.Call):
-                continue
-            target = _resolve(node.func, namespace, local)
-            outcome = next((k for k in known if k is target), None)  # identity: no __eq__ of theirs
-            if outcome is None:
-                continue
-            index, keyword = known[outcome]
-            arg = next((k.value for k in node.keywords if k.arg == keyword),
-                       node.args[index] if len(node.args) > index else None)
+        found = _outcome_calls(func)
+        if found is None or _reads_steps(found[1]):
+            return []
+        filename, _root, calls = found
+        known, named = _outcomes(), []
+        for outcome, node in calls:
+            arg = _argument(node, *known[outcome])
             if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
-                found.append((outcome.__name__, arg.value, filename, node.lineno))
-        return found
+                named.append((outcome.__name__, arg.value, filename, node.lineno))
+        return named
     except Exception:
         return []
+
+
+def _literal_names(arg):
+    """The names of an Await's `names` argument when it is a str literal or a list, tuple
+    or set of them; None otherwise (built at run time)."""
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return {arg.value}
+    if isinstance(arg, (ast.List, ast.Tuple, ast.Set)) and arg.elts and all(
+            isinstance(e, ast.Constant) and isinstance(e.value, str) for e in arg.elts):
+        return {e.value for e in arg.elts}
+    return None
+
+
+@functools.lru_cache(maxsize=256)
+def awaited_signal_names(cls) -> frozenset | None:
+    """The signal names machine `cls`'s steps (and its own handle()) can await, read from
+    their source: every `Await(...)` in them names its signals by literals. None when that
+    cannot be known: a step whose source cannot be placed, an Await whose names are built
+    at run time, a step that reads `ctx.all` (the whole inbox, any name), or no Await in
+    the steps at all (it may await through a helper elsewhere). Never raises."""
+    from .machine import Machine
+    from .outcomes import Await
+
+    try:
+        methods = dict.fromkeys(cls.steps.values())
+        if getattr(cls, "handle", None) is not getattr(Machine, "handle", None):
+            methods["handle"] = None
+        names, awaits = set(), 0
+        for attr in methods:
+            func = inspect.getattr_static(cls, attr, None)
+            func = func.__func__ if isinstance(func, (staticmethod, classmethod)) else func
+            found = _outcome_calls(func) if callable(func) else None
+            if found is None:
+                return None
+            _filename, root, calls = found
+            if any(isinstance(n, ast.Attribute) and n.attr == "all" for n in ast.walk(root)):
+                return None
+            for outcome, node in calls:
+                if outcome is not Await:
+                    continue
+                literal = _literal_names(_argument(node, 0, "names"))
+                if literal is None:
+                    return None
+                names |= literal
+                awaits += 1
+        return frozenset(names) if awaits else None
+    except Exception:
+        return None

@@ -758,7 +758,7 @@ class InstanceAdmin(RefusesUnstorableFilters, admin.ModelAdmin):
         return TemplateResponse(request, "admin/gen_durable/instance/action_all.html", context)
 
     def _apply(self, request, action, ids, data):
-        done, skipped = [], []
+        done, skipped, never = [], [], {}
         using = request_alias(request)
         if action == "move":
             moved = {r[0] for r in db.fetchall(sql.BULK_MOVE, {"ids": db.pg_array(ids), "queue": data["to_queue"]},
@@ -773,8 +773,11 @@ class InstanceAdmin(RefusesUnstorableFilters, admin.ModelAdmin):
                 elif action == "retry":
                     calls.retry(id_, using=using)
                 else:
-                    if calls.signal(id_, data["name"], data["payload"], dedup_key=data["dedup_key"] or None,
-                                    using=using) is None:
+                    signal_id, fsm, version = calls.deliver_signal(id_, data["name"], data["payload"],
+                                                                   data["dedup_key"] or None, using)
+                    if fsm not in never:
+                        never[fsm] = calls.unawaited_reason(data["name"], fsm, version)
+                    if signal_id is None:
                         skipped.append(f"#{id_} (dedup key already delivered)")
                         continue
                 done.append(id_)
@@ -798,15 +801,20 @@ class InstanceAdmin(RefusesUnstorableFilters, admin.ModelAdmin):
                 message = f"{'Cancelled' if action == 'cancel' else 'Retried'}: {count}."
             self.message_user(request, message, messages.SUCCESS)
             if action == "signal":
-                self._warn_unawaited(request, done, data["name"], using)
+                self._warn_unawaited(request, done, data["name"], using, [w for w in never.values() if w])
         if skipped:
             self.message_user(request, f"Skipped {len(skipped)}: " + "; ".join(skipped[:20])
                               + (" …" if len(skipped) > 20 else ""), messages.WARNING)
 
 
-    def _warn_unawaited(self, request, ids, name, using):
+    def _warn_unawaited(self, request, ids, name, using, never=()):
         """A signal an instance parked on other names does not wake: stored, it waits for a
-        step that awaits it (maybe a typo of the name). Said beside the success message."""
+        step that awaits it (maybe a typo of the name). Said beside the success message;
+        `never`: why some targets' machines can never await it (calls.unawaited_reason)."""
+        if never:
+            self.message_user(request, f"Signal {name!r} is stored in the inbox but will wake nothing: "
+                                       + "; ".join(never), messages.WARNING)
+            return
         rows = db.fetchall("SELECT id, awaits FROM gen_durable WHERE id = ANY(%s) AND status = 'awaiting_signal' "
                            "ORDER BY id LIMIT 20", (db.pg_array(ids),), using)
         other = [(id_, awaits) for id_, awaits in rows if awaits and name not in awaits]

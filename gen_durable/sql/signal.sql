@@ -17,9 +17,10 @@
 -- waits for it and re-checks the status, so it raises NoTarget instead of leaving an
 -- orphan signal in a terminal row's inbox (which the outcome's purge could not see).
 -- Returns one row when the target exists: (signal id | NULL when deduplicated,
--- status after delivery, queue); no row → NoTarget. A woken row notifies its queue.
+-- status after delivery, queue, notified, fsm, fsm_version: the caller checks the name
+-- against what that machine awaits); no row → NoTarget. A woken row notifies its queue.
 WITH target AS (
-    SELECT id FROM gen_durable
+    SELECT id, fsm, fsm_version FROM gen_durable
     WHERE (id = %(id)s::bigint OR correlation_guard = %(key)s::text)
       AND status NOT IN ('done', 'failed')
     LIMIT 1
@@ -54,5 +55,6 @@ WITH target AS (
     RETURNING g.id, g.status, g.queue
 )
 SELECT (SELECT ins.id FROM ins), wake.status::text, wake.queue,
-       (CASE WHEN wake.status = 'runnable' THEN pg_notify('gen_durable', wake.queue) END) IS NULL
+       (CASE WHEN wake.status = 'runnable' THEN pg_notify('gen_durable', wake.queue) END) IS NULL,
+       target.fsm, target.fsm_version
 FROM target LEFT JOIN wake ON wake.id = target.id

@@ -248,3 +248,18 @@ class SendsMail(gd.Job):
 
 
 from tests.durable_app import deploy_machines  # noqa: E402,F401  (tests/integration/test_deploys.py)
+
+
+class Confirms(gd.Machine):
+    """Awaits one signal named by a literal (gd.signal's UnawaitedSignalWarning)."""
+
+    name = "tests.Confirms"
+    initial = "wait"
+
+    @gd.step
+    def wait(self, ctx):
+        return gd.Await("confirmed", next="ship", timeout=3600)
+
+    @gd.step
+    def ship(self, ctx):
+        return gd.Done()

@@ -16,7 +16,7 @@ import gen_durable as gd
 from gen_durable.admin.paging import CAP, EstimatedCountPaginator
 from gen_durable.models import Instance, Signal
 from gen_durable.testing import drain
-from tests.durable_app.durable import Plain
+from tests.durable_app.durable import Confirms, Plain
 from tests.durable_app.signal_machines import FanOut, Recorder
 from tests.factories import ExecutingFactory, InstanceFactory, TerminalFactory
 
@@ -228,6 +228,11 @@ def test_retry_and_signal_actions_per_row(admin_client, queue_name):
     assert (f"Signal &#x27;confirmd&#x27; wakes nothing yet: #{other} awaits &#x27;confirmed&#x27;. It is stored"
             in typo)
     assert Instance.objects.get(id=other).status == "awaiting_signal"
+    never = gd.insert(Confirms, queue=queue_name)  # its only Await names 'confirmed' by a literal
+    typo = admin_client.post(_act("signal", never), {"ids": str(never), "name": "confirmd", "payload": "{}",
+                                                     "next": _change(never)}, follow=True).content.decode()
+    assert ("Signal &#x27;confirmd&#x27; is stored in the inbox but will wake nothing: tests.Confirms&#x27;s "
+            "steps await only &#x27;confirmed&#x27; — did you mean &#x27;confirmed&#x27;?" in typo)
 
     failed = gd.insert(Plain, queue=queue_name)
     Instance.objects.filter(id=failed).update(status="failed", attempt=4)

@@ -372,3 +372,51 @@ def test_a_running_worker_warns_of_rows_that_arrive_later_in_a_queue_no_one_serv
         sweeps(reaper, 2)
         assert len(warnings()) == 1
     Instance.objects.filter(id__in=[again, served_elsewhere]).delete()
+
+
+@pytest.mark.django_db
+def test_reload_is_refused_with_options_it_cannot_serve():
+    with pytest.raises(CommandError, match=r"--reload runs one worker process .*: not with --processes or --burst"):
+        call_command("rundurable", "--reload", "--processes", "2", "--burst", verbosity=0)
+
+
+def test_reload_drains_the_worker_on_a_file_change_and_starts_a_new_one(committed, queue_name, tmp_path):
+    """`rundurable --reload`: a changed Python file of the project restarts the worker
+    process, as runserver does, but the running worker drains first — the step that runs
+    at the change finishes and commits (attempt 0: not handed back to the reaper). The new
+    process runs what comes next; SIGINT (Ctrl-C) drains and ends both, status 0."""
+    log, hold, out = tmp_path / "steps.log", tmp_path / "hold", tmp_path / "worker.log"
+    hold.touch()
+    (running,) = gd.insert_all([gd.Spec(Recorder, state={"log": str(log), "hold": str(hold), "sleep": 60},
+                                        queue=queue_name)])
+    watched = ROOT / "tests" / "durable_app" / "durable.py"  # a module the worker imported
+    with open(out, "w") as sink:
+        proc = subprocess.Popen(MANAGE + ["rundurable", "--reload", "--queue", f"{queue_name}=1", "--no-gc",
+                                          "--verbosity", "1"],
+                                cwd=ROOT, env=child_env(DRAIN_TIMEOUT=30), stderr=sink, stdout=sink, text=True)
+    try:
+        text = out.read_text
+        wait_until(lambda: steps(log, "start"), timeout=60, what="the step running")
+        (first,) = [pid for pid, ids in steps(log, "start").items() if running in ids]
+        time.sleep(2)  # the reloader's first pass (once a second) records the files' times
+        os.utime(watched)
+        wait_until(lambda: "durable.py changed: reloading" in text(), timeout=30, what="the reload's drain")
+        assert Instance.objects.get(id=running).status == "executing"  # the drain waits for it
+        hold.unlink()  # the step ends within the drain
+        wait_until(lambda: text().count("watching for file changes") == 2, timeout=60, what="a new worker")
+        row = Instance.objects.get(id=running)
+        assert (row.status, row.attempt) == ("done", 0), text()[-3000:]
+        after = gd.insert(Recorder, state={"log": str(log)}, queue=queue_name)
+        wait_until(lambda: Instance.objects.get(id=after).status == "done", timeout=60, what="the new worker's step")
+        (second,) = [pid for pid, ids in steps(log, "start").items() if after in ids]
+        assert second != first  # another process ran it
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+    finally:
+        if hold.exists():
+            hold.unlink()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, text()[-3000:]
+    assert "stopping (received SIGINT)" in text(), text()[-3000:]

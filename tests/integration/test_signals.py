@@ -225,6 +225,7 @@ def test_reawait_with_unconsumed_inputs_parks_until_a_new_arrival(queue_name):
 
 
 @pytest.mark.django_db
+@pytest.mark.filterwarnings("ignore::gen_durable.UnawaitedSignalWarning")  # the "noise", on purpose
 def test_a_terminal_outcome_clears_the_inbox(queue_name):
     done = park(Recorder, queue_name, state={"names": ["go"]})
     stopped = park(StopOnWake, queue_name)

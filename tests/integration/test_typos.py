@@ -185,3 +185,54 @@ class ReturnsNext(gd.Job):
 
     def perform(self, args):
         return gd.Next("elsewhere")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_signal_its_target_can_never_await_warns_at_the_callers_line_and_is_stored():
+    """A typo of a signal name leaves the instance parked until its Await times out: the
+    send says so, with the close match, at the caller's line — and stores the signal as
+    before. Controls: the right name, and a machine whose names are built at run time
+    (Recorder), warn of nothing."""
+    import asyncio
+    import warnings
+
+    from asgiref.sync import sync_to_async
+    from django.db import connections
+
+    from tests.durable_app.durable import Confirms, Recorder
+
+    id_ = gd.insert(Confirms)
+    with pytest.warns(gd.UnawaitedSignalWarning, match=r"await only 'confirmed' — did you mean 'confirmed'\?") as caught:
+        assert gd.signal(id_, "confirmd") is not None
+    assert caught[0].filename == __file__
+    assert "gd.signal(..., 'confirmd')" in str(caught[0].message)
+
+    async def twin():  # from a coroutine: at the caller's line, not in asgiref's thread
+        try:
+            return await gd.asignal(id_, "confirmd", dedup_key="once")
+        finally:
+            await sync_to_async(connections.close_all)()
+
+    with pytest.warns(gd.UnawaitedSignalWarning, match=r"gd\.asignal") as caught:
+        assert asyncio.run(twin()) is not None
+    assert caught[0].filename == __file__
+    with connection.cursor() as cur:
+        cur.execute("SELECT count(*) FROM gen_durable_signals WHERE target_id = %s AND name = 'confirmd'", [id_])
+        assert cur.fetchone()[0] == 2  # stored all the same
+    dynamic = gd.insert(Recorder, state={"names": ["go"]})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        gd.signal(id_, "confirmed")
+        gd.signal(dynamic, "anything")
+
+
+@gd.job(name="tests.typos.no_ctx")
+def no_ctx(args):
+    return None
+
+
+@pytest.mark.django_db
+def test_a_signal_to_a_job_whose_code_takes_no_ctx_warns():
+    id_ = gd.insert(no_ctx)
+    with pytest.warns(gd.UnawaitedSignalWarning, match=r"never sees signals \(its code takes no ctx\)"):
+        gd.signal(id_, "go")

@@ -81,3 +81,81 @@ def test_a_function_that_reads_its_machines_steps_is_left_alone():
     assert literal_step_names(generic_handle) == []
 
 
+
+
+# --- the signal names a machine awaits (gd.signal's UnawaitedSignalWarning) ----------
+
+from gen_durable.source_steps import awaited_signal_names  # noqa: E402
+
+
+class Literal(gd.Machine):
+    initial = "wait"
+
+    @gd.step
+    def wait(self, ctx):
+        return gd.Await("confirmed", next="pay", timeout=60)
+
+    @gd.step
+    def pay(self, ctx):
+        if ctx.awaited:
+            return gd.Await(names=["refunded", "disputed"], next="done")
+        return Await(("expired",), "done")  # the module's alias of gd.Await, positional
+
+    @gd.step
+    def done(self, ctx):
+        return gd.Done()
+
+
+class Dynamic(gd.Machine):
+    initial = "wait"
+
+    @gd.step
+    def wait(self, ctx):
+        if ctx.state.get("first"):
+            return gd.Await("confirmed", next="wait")
+        return gd.Await(ctx.state["names"], next="wait")  # built at run time
+
+
+class ReadsInbox(gd.Machine):
+    initial = "wait"
+
+    @gd.step
+    def wait(self, ctx):
+        if any(s.name == "anything" for s in ctx.all):
+            return gd.Done()
+        return gd.Await("confirmed", next="wait")
+
+
+class ThroughAHelper(gd.Machine):
+    initial = "wait"
+
+    @gd.step
+    def wait(self, ctx):
+        return self.park_on("whatever")
+
+    def park_on(self, name):
+        return gd.Await(name, next="wait")
+
+
+class OwnHandle(gd.Machine):
+    initial = "wait"
+
+    @gd.step
+    def wait(self, ctx):
+        return gd.Await("confirmed", next="wait")
+
+    def handle(self, error, ctx):
+        return gd.Await("operator_fixed", next="wait")
+
+
+def test_a_machines_literal_awaits_are_its_awaited_names():
+    assert awaited_signal_names(Literal) == {"confirmed", "refunded", "disputed", "expired"}
+    assert awaited_signal_names(OwnHandle) == {"confirmed", "operator_fixed"}  # its handle() parks too
+
+
+def test_names_that_cannot_be_known_are_none():
+    """Any Await with names built at run time, a step reading the whole inbox (ctx.all),
+    or no Await in the steps at all (a helper method parks): nothing can be said."""
+    assert awaited_signal_names(Dynamic) is None
+    assert awaited_signal_names(ReadsInbox) is None
+    assert awaited_signal_names(ThroughAHelper) is None

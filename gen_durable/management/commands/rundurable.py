@@ -16,7 +16,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import DEFAULT_DB_ALIAS
 
 from gen_durable.conf import get_settings
-from gen_durable.worker.supervisor import EXIT_LEFT_WORK
+from gen_durable.worker.supervisor import EXIT_LEFT_WORK, SHUTDOWN_GRACE
 
 
 # Supervision of `--processes N` children (seconds): first back-off and its cap, the run
@@ -225,6 +225,94 @@ def bind_hint(exc: OSError, address: str, port: int) -> str:
     return "check --metrics-address and --metrics-port"
 
 
+def _reload_worker_process(processes, burst, database, metrics_port) -> bool:
+    """`--reload`: True in a worker process that the restart loop started (it runs the
+    worker and watches the files: `_run_reloading`). In the process the user started,
+    run the loop — a worker process, again each time one exits to reload — and return
+    False once one exits otherwise (its status, if not 0, is raised as a CommandError).
+    CommandError for the options --reload cannot serve."""
+    from django.utils import autoreload
+
+    refused = [name for name, given in (("--processes", processes > 1), ("--burst", burst),
+                                        ("several --database", len(database or ()) > 1),
+                                        ("--metrics-port", metrics_port is not None)) if given]
+    if refused:
+        raise CommandError(f"--reload runs one worker process for one database, restarted when a file "
+                           f"changes (for development): not with {' or '.join(refused)}")
+    if os.environ.get(autoreload.DJANGO_AUTORELOAD_ENV) == "true":
+        return True
+    # runserver's scheme (Django's get_child_arguments and DJANGO_AUTORELOAD_ENV), but
+    # SIGINT and SIGTERM are passed on to the worker process and waited for: it drains
+    # (runserver's loop would kill it 0.25 s after a Ctrl-C, leaving its rows to the reaper).
+    env = {**os.environ, autoreload.DJANGO_AUTORELOAD_ENV: "true"}
+    worker = None
+
+    def pass_on(signum, frame):
+        if worker is not None and worker.poll() is None:
+            worker.send_signal(signum)
+
+    before = {s: signal.signal(s, pass_on) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        while True:
+            worker = subprocess.Popen(autoreload.get_child_arguments(), env=env, close_fds=False)
+            code = worker.wait()
+            if code != 3:  # 3: exited to reload
+                break
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+    if code:
+        raise CommandError(f"the worker process exited with status {code}", returncode=code if code > 0 else 1)
+    return False
+
+
+def _run_reloading(sup) -> int:
+    """Run `sup` in a thread while this (main) thread watches the project's files with
+    Django's autoreloader. A change drains the worker (buffered rows released, running
+    steps get DRAIN_TIMEOUT, the rest handed back) before the process exits to be
+    restarted; so do SIGTERM and SIGINT, which end it. A worker that stops by itself
+    (a role died) ends the process with its exit code."""
+    from django.utils import autoreload
+
+    reloader = autoreload.get_reloader()
+    codes = []
+
+    def work():
+        try:
+            codes.append(sup.run(install_signals=False))
+        finally:
+            reloader.stop()  # a worker that stopped by itself ends the process, no reload
+
+    thread = threading.Thread(target=work, name="gen_durable-worker", daemon=True)
+
+    def drain(reason: str) -> None:
+        sup.request_stop(reason=reason)
+        thread.join(sup.s.DRAIN_TIMEOUT + SHUTDOWN_GRACE)
+
+    def changed(sender, file_path, **kwargs):
+        # Django's file_changed signal, sent before it reloads (a receiver returning a
+        # true value would stop the reload): drain first, then let it exit.
+        drain(f"{file_path} changed: reloading")
+
+    def stop(signum, frame):
+        sup.request_stop(signum)
+
+    autoreload.file_changed.connect(changed, weak=False)
+    before = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    logging.getLogger("gen_durable.worker").info("watching for file changes with %s: the worker restarts when "
+                                                 "one changes (--reload)", type(reloader).__name__)
+    thread.start()
+    try:
+        while not reloader.should_stop:
+            reloader.run(thread)  # returns when the worker stopped; exits (status 3) on a change
+    finally:
+        autoreload.file_changed.disconnect(changed)
+        for s, handler in before.items():
+            signal.signal(s, handler)
+    thread.join(sup.s.DRAIN_TIMEOUT + SHUTDOWN_GRACE)
+    return codes[0] if codes else 1
+
+
 class Command(BaseCommand):
     help = "Run gen_durable workers: schedulers for the configured queues, flusher, heartbeat, reaper and GC."
     requires_system_checks = "__all__"
@@ -261,6 +349,11 @@ class Command(BaseCommand):
         parser.add_argument("--metrics-address", default=None, metavar="ADDRESS",
                             help="Address the metrics endpoint listens on (default 127.0.0.1; 0.0.0.0 for "
                                  "every interface). Needs --metrics-port.")
+        parser.add_argument("--reload", action="store_true",
+                            help="For development: restart the worker when a Python file changes, as "
+                                 "runserver does (Django's autoreloader). The running worker drains first: "
+                                 "buffered rows are released, running steps get DRAIN_TIMEOUT. One process "
+                                 "and one database; not with --processes, --burst or --metrics-port.")
         parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
         # pids of dead predecessors of a restarted child, whose claims it takes back at once
         parser.add_argument("--predecessors", default="", help=argparse.SUPPRESS)
@@ -334,9 +427,16 @@ class Command(BaseCommand):
         return aliases
 
     def handle(self, *, queue, processes, no_reaper, no_gc, burst, child, predecessors, parent, verbosity,
-               database, max_wait=None, metrics_port=None, metrics_address=None, unchecked="", **options):
+               database, max_wait=None, metrics_port=None, metrics_address=None, unchecked="", reload=False,
+               **options):
         if max_wait is not None and not burst:
             raise CommandError("--max-wait needs --burst (a worker without it runs until stopped)")
+        if reload:
+            reloading = _reload_worker_process(processes, burst, database, metrics_port)
+            if not reloading:  # the watching parent: it ran the worker processes until stopped
+                return
+            parent = os.getppid()  # the worker drains and stops if its reloader dies
+            predecessors = ""
         if metrics_address is not None and metrics_port is None:
             raise CommandError("--metrics-address needs --metrics-port (the port to serve the metrics on)")
         if metrics_port is not None:
@@ -400,7 +500,10 @@ class Command(BaseCommand):
                                            burst=burst, max_wait=max_wait)
                    for alias in aliases if alias in late or alias in unchecked}
         try:
-            code = Supervisor(configs[0]).run() if len(configs) == 1 else run_several(configs, prepare)
+            if reload:
+                code = _run_reloading(Supervisor(configs[0]))
+            else:
+                code = Supervisor(configs[0]).run() if len(configs) == 1 else run_several(configs, prepare)
         finally:
             if served is not None:
                 served.close()
