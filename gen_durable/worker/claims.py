@@ -291,7 +291,9 @@ def hand_back(jobs, worker: str, using=None) -> list[int]:
     """Hand back claimed rows this process cannot run (hand_back.sql): runnable, attempt
     and last_error untouched, marked `unknown_since` for a worker that knows them. Logs
     once per (machine, version) per process. Statements: 1."""
-    ids = [r[0] for r in db.fetchall(sql.HAND_BACK, {"ids": db.pg_array(sorted(j.id for j in jobs)),
+    jobs = sorted(jobs, key=lambda j: j.id)
+    ids = [r[0] for r in db.fetchall(sql.HAND_BACK, {"ids": db.pg_array([j.id for j in jobs]),
+                                                      "claims": db.pg_array([j.claim for j in jobs]),
                                                       "worker": worker}, using)]
     for j in jobs:
         what = (j.fsm, j.fsm_version)

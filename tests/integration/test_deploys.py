@@ -239,6 +239,34 @@ def test_a_held_back_row_cancelled_meanwhile_is_let_go(committed, queue_name, mo
     assert Instance.objects.get(id=id_).status == "failed"
 
 
+def test_a_held_back_claim_never_hands_back_a_newer_claim_of_the_same_row(committed, queue_name, monkeypatch):
+    """A row held back (locked at its hand-back), then cancelled, retried at a step this
+    worker knows and claimed again by this same worker: the old entry's hand-back must
+    leave the newer claim alone — handing it back made the row runnable while its step
+    ran, and another pick ran that step a second time at once. Control: without the
+    claim in hand_back.sql's guard, the stale claim hands the running row back."""
+    from gen_durable import registry
+    from gen_durable.worker.claims import hand_back, pick
+
+    id_ = gd.insert(Added, queue=queue_name)
+    monkeypatch.delitem(registry._machines, ("tests.deploy.Added", 1))  # this process is the old release
+    monkeypatch.setattr(registry, "_known", None)
+    _lock_row_at_hand_back(monkeypatch, id_, hold=0.3)
+    assert pick(queue_name, 10, "w-old", 30, stats=(stats := {})) == []
+    (held,) = stats["unhanded"]
+    monkeypatch.undo()
+    registry._known = None
+    # The operator's rescue and this worker's new claim of the row (what pick.sql writes).
+    with connection.cursor() as cur:
+        cur.execute("UPDATE gen_durable SET claim = claim + 1 WHERE id = %s AND locked_by = 'w-old' "
+                    "RETURNING claim", [id_])
+        (claim,) = cur.fetchone()
+    assert claim == held.claim + 1
+    assert hand_back([held], "w-old") == []
+    row = Instance.objects.get(id=id_)
+    assert (row.status, row.locked_by, row.claim, row.unknown_since) == ("executing", "w-old", claim, None)
+
+
 def test_the_overview_says_which_rows_wait_for_a_worker_that_knows_them(admin_client, queue_name):
     from django.urls import reverse
 

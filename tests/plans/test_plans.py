@@ -160,7 +160,7 @@ def test_flush_updates_by_primary_key_not_by_the_executing_set(scale):
     ("STILL_OWNED", {"ids": list(range(300, 350)), "claims": [1] * 50, "worker": "seed-worker"}),
     ("HEARTBEAT", {"ids": list(range(300, 350)), "worker": "seed-worker", "ttl": 60.0}),
     ("RELEASE", {"ids": list(range(300, 350)), "claims": [1] * 50, "worker": "seed-worker"}),
-    ("HAND_BACK", {"ids": list(range(300, 350)), "worker": "seed-worker"}),
+    ("HAND_BACK", {"ids": list(range(300, 350)), "claims": [1] * 50, "worker": "seed-worker"}),
 ])
 def test_a_workers_own_rows_are_probed_by_primary_key_not_through_the_executing_set(scale, name, params):
     """The statements on one worker's claimed rows (the re-check of prefetched rows, the
@@ -297,7 +297,7 @@ def test_deploy_statements_ride_the_unknown_index_never_the_table(scale):
     gen_durable, and the pick itself is unchanged (test above)."""
     known = {"queue": "q1", "fsms": ["f"] * 2, "versions": [1, 2], "steps": ["s", "t"], "limit": 50}
     for statement, params in ((sql.QUEUE_PAUSED, {"queue": "q1"}), (sql.ADOPT_KNOWN, known),
-                              (sql.UNKNOWN_WAITING, None), (sql.HAND_BACK, {"ids": list(range(1, 51)), "worker": "w"})):
+                              (sql.UNKNOWN_WAITING, None), (sql.HAND_BACK, {"ids": list(range(1, 51)), "claims": [1] * 50, "worker": "w"})):
         for p in (plan(statement, params),) + ((generic_plan(statement, params),) if params else ()):
             assert not seq_scans_of_instances(p), statement.splitlines()[0]
     for statement, params in ((sql.ADOPT_KNOWN, known), (sql.UNKNOWN_WAITING, None)):
