@@ -46,8 +46,9 @@ PAUSE_CHECK_INTERVAL = 1.0  # seconds: how stale this scheduler's view of a queu
 # knows them claims, so the batch bounds one UPDATE, not this worker's share.
 ADOPT_BATCH = 1000
 PICK_FAILURE_LOG_INTERVAL = 60.0  # seconds between log lines while picks keep failing
-# Rows a pick claims after the limiter denied rows in the previous one: enough to move a
-# throttled head out of the queue's way (each denied row is deferred once) in few picks.
+# Rows a pick claims after the limiter denied rows in the previous one, or after it handed
+# back rows of machines this release does not know: enough to move such a head out of the
+# queue's way (each such row is deferred or handed back once) in few picks.
 LIMITED_WINDOW = 500
 # A step thread's connections: kept open between steps (whatever CONN_MAX_AGE says),
 # checked with a round trip before a step after STEP_HEALTH_CHECK_AFTER s idle (the
@@ -164,6 +165,7 @@ class Scheduler:
         self._paused = False
         self._paused_read = float("-inf")
         self._throttled = False  # the last pick had rows the limiter denied
+        self._foreign_head = False  # the last pick handed back rows this release does not know
         self.on_deferred = None  # callback when a pick deferred denied rows (the process timer re-reads)
         self._thread = threading.Thread(target=self._loop, name=f"gd-sched-{queue}", daemon=True)
         # Claimed rows of an unknown machine a pick could not hand back (a row lock held
@@ -510,10 +512,11 @@ class Scheduler:
             self._hand_back_unknown(attempts=1)
         demand = self.demand()
         claimed = 0
+        foreign_head, self._foreign_head = self._foreign_head, False  # set again by this tick's pick
         if demand > 0 and (demand >= self.min_demand or self.idle()) and not self.paused():
             started = time.perf_counter()
             stats: dict = {}
-            window = max(demand, LIMITED_WINDOW) if self._throttled else None
+            window = max(demand, LIMITED_WINDOW) if self._throttled or foreign_head else None
             held = self._held_claims()
             jobs = pick(self.queue, demand, self.worker_id, self.s.LEASE_TTL,
                         gates=self.limiter.gate_names(), using=self.using, limiter=self.limiter,
@@ -523,6 +526,10 @@ class Scheduler:
             if stats.get("unhanded"):
                 with self._lock:
                     self._unhanded.update((j.id, j) for j in stats["unhanded"])
+            # A head of rows another release runs (a rolling deploy, web tier first) is
+            # handed back a window at a time, and the next pick follows at once: rows this
+            # worker knows may wait behind thousands of them.
+            self._foreign_head = stats.get("unknown", 0) > 0
             # Widen the next claim only while denied rows dominate the head of the queue.
             denied = stats.get("denied", 0)
             self._throttled = denied > 0 and denied * 2 >= stats.get("claimed", 0)
@@ -1254,7 +1261,9 @@ class Scheduler:
             else:
                 if not leases_lost:  # unhealthy, run_once claims nothing and asks nothing
                     failures.succeeded()
-                if claimed or self.in_flight:
+                if self._foreign_head:
+                    interval = 0.0  # it handed back a window of foreign rows: more may follow
+                elif claimed or self.in_flight:
                     interval = self.s.POLL_INTERVAL
                 else:
                     interval = min(interval * 2, self.s.MAX_POLL_INTERVAL)
