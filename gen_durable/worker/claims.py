@@ -273,15 +273,37 @@ def load_children(ids, using=None) -> dict:
     return out
 
 
-def release(jobs, worker: str, using=None) -> list[int]:
+# release.sql waiting for row locks instead of skipping them (shutdown's last pass).
+RELEASE_WAITING = sql.RELEASE.replace("FOR NO KEY UPDATE OF g SKIP LOCKED", "FOR NO KEY UPDATE OF g")
+assert RELEASE_WAITING != sql.RELEASE
+
+
+def release(jobs, worker: str, using=None, wait: float | None = None) -> list[int]:
     """Return claimed, unstarted rows (`jobs`: claims, with their id and claim counter)
     to runnable, no attempt bump; a row claimed again since stays with its newer claim.
-    Returns the ids released. Statements: 1."""
+    Returns the ids released. Statements: 1 (3 with `wait`).
+
+    wait: None skips rows another session holds locked (SKIP LOCKED: the caller tries
+    again); seconds waits up to that long for them (lock_timeout), in id order — at
+    shutdown, for a row a `gd.signal` inside a long transaction holds, which would else
+    stay leased and come back with an attempt spent. A lock held past it releases
+    nothing of this batch (returns [])."""
     if not jobs:
         return []
     params = {"ids": db.pg_array([j.id for j in jobs]), "claims": db.pg_array([j.claim for j in jobs]),
               "worker": worker}
-    return [r[0] for r in db.fetchall(sql.RELEASE, params, using)]
+    if wait is None:
+        return [r[0] for r in db.fetchall(sql.RELEASE, params, using)]
+    from django.db import OperationalError
+
+    try:
+        with transaction.atomic(using=database_alias(using)):
+            db.fetchone("SELECT set_config('lock_timeout', %s, true)", [f"{max(int(wait * 1000), 1)}ms"], using)
+            return [r[0] for r in db.fetchall(RELEASE_WAITING, params, using)]
+    except OperationalError as exc:
+        if db._sqlstate(exc) != "55P03":  # lock_not_available: held past `wait`
+            raise
+        return []
 
 
 _unknown_logged: set = set()

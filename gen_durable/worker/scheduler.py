@@ -40,6 +40,7 @@ logger = logging.getLogger("gen_durable.scheduler")
 # A margin past any lease: every claim of a process known to be dead is taken.
 DEAD_MARGIN = 10 * 365 * 86400.0
 RELEASE_ATTEMPTS = 5  # shutdown release passes over rows locked for a moment; retry them
+LOCKED_RELEASE_WAIT = 1.0  # seconds shutdown waits at least for rows still locked after those passes
 PAUSE_CHECK_INTERVAL = 1.0  # seconds: how stale this scheduler's view of a queue pause may be
 # Rows another release handed back that one adoption makes eligible again (at most; the
 # queue's demand when larger): adopted rows are ordinary runnable rows any worker that
@@ -206,13 +207,11 @@ class Scheduler:
         self._stop.set()
         self._wake.set()
         self._thread.join(5)
+        locked = []  # rows still locked by another session after the quick passes below
         if self._unhanded:
             self._hand_back_unknown(attempts=RELEASE_ATTEMPTS)
-            if self._unhanded:  # still locked: back to runnable as they were (no attempt), not to the reaper
-                try:
-                    release(list(self._unhanded.values()), self.worker_id, self.using)
-                except Exception:
-                    logger.exception("could not release %d row(s) of unknown machines", len(self._unhanded))
+            with self._lock:
+                locked = list(self._unhanded.values())  # back to runnable as they were, once free
                 self._unhanded.clear()
         with self._lock:
             # Timed-out rows stay: a step thread runs their handle() before it exits.
@@ -231,6 +230,7 @@ class Scheduler:
             # release.sql skips rows locked at that instant (SKIP LOCKED) — typically by a
             # heartbeat that read the buffer just before it was emptied. Try the rest again.
             time.sleep(0.02)
+        locked += [j for j in buffered if j.id not in released]
         # Buffered next steps of inline chains were in flight too: released (back at
         # their committed step) or, if that failed, left to their lease.
         chained = [j for j in buffered if getattr(j, "chain", None) is not None]
@@ -244,6 +244,8 @@ class Scheduler:
         deadline = time.monotonic() + drain_timeout
         while self.in_flight and time.monotonic() < deadline:
             time.sleep(0.01)
+        if locked:
+            released += self._release_locked(locked, deadline)
         in_flight = len(self.in_flight)
         telemetry.emit("scheduler.drain", {"released": len(released), "in_flight": in_flight}, {"queue": self.queue})
         with self._lock:
@@ -288,13 +290,33 @@ class Scheduler:
             telemetry.emit("scheduler.abandoned", {"count": len(back)}, {"queue": self.queue})
         return len(back)
 
-    def _release(self, jobs) -> list[int]:
+    def _release_locked(self, jobs, deadline: float) -> list[int]:
+        """Shutdown's last pass over unstarted rows another session kept locked through
+        the quick ones (a `gd.signal` inside a long transaction, a `select_for_update`):
+        wait for the lock until the drain's deadline (at least LOCKED_RELEASE_WAIT s), so
+        they go back to runnable with no attempt spent instead of to the reaper. Rows
+        still locked then are named in a WARNING. Returns the ids released."""
+        wait = max(deadline - time.monotonic(), LOCKED_RELEASE_WAIT)
+        try:
+            released = self._release(jobs, wait=wait)
+        except Exception:
+            logger.exception("could not release %d locked rows of %s", len(jobs), self.queue)
+            released = []
+        left = sorted(j.id for j in jobs if j.id not in set(released))
+        if left:
+            logger.warning("queue %s: %d unstarted row(s) stayed locked by another session for %.1fs (a long "
+                           "transaction that signalled or selected them for update?) and keep this worker's "
+                           "lease: the reaper returns them with an attempt counted (ids %s)", self.queue,
+                           len(left), wait, ", ".join(map(str, left[:20])) + (" …" if len(left) > 20 else ""))
+        return released
+
+    def _release(self, jobs, wait: float | None = None) -> list[int]:
         """Release buffered rows and credit the gate slots they hold (one transaction on Postgres)."""
         slots = {j.id: j.slot for j in jobs if getattr(j, "slot", None) is not None}
         limiter = self.limiter
         transactional = bool(slots) and limiter is not None and limiter.transactional
         with connections.engine_transaction(self.using) if transactional else nullcontext():
-            released = release(jobs, self.worker_id, self.using)
+            released = release(jobs, self.worker_id, self.using, wait=wait)
             if slots and limiter is not None:
                 limiter.credit([slots[i] for i in released if i in slots])
         return released

@@ -494,3 +494,64 @@ def test_durable_versions_lists_a_removed_machines_live_rows(queue_name):
     assert "tests.removed.Gone" in out.getvalue() and str(id_) in out.getvalue()
     with pytest.raises(CommandError, match="did you mean 'tests.noop'"):
         call_command("durable_versions", "--machine", "tests.noopp")
+
+
+def _buffered_scheduler(queue_name, n):
+    """A scheduler (in this process) that has claimed `n` rows into its buffer and runs no
+    step: the shutdown's release is all that happens to them."""
+    from gen_durable.conf import get_settings
+    from gen_durable.limiter import get_limiter
+    from gen_durable.worker.scheduler import Scheduler
+
+    sch = Scheduler(queue_name, n, worker_id="w-stop", prefix="w-stop", flusher=None,
+                    limiter=get_limiter(None), settings=get_settings())
+    sch._dispatch_locked = lambda: None
+    sch._thread = threading.Thread(target=lambda: None)  # stop() joins the feeder thread
+    sch._thread.start()
+    sch.run_once()
+    assert len(sch.buffer) == n
+    return sch
+
+
+def _hold_lock(row_id, seconds):
+    import psycopg
+
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    held = threading.Event()
+
+    def locker():
+        with psycopg.connect(**params) as other:  # a gd.signal inside a long transaction
+            other.execute("SELECT 1 FROM gen_durable WHERE id = %s FOR NO KEY UPDATE", [row_id])
+            held.set()
+            time.sleep(seconds)
+
+    thread = threading.Thread(target=locker, daemon=True)
+    thread.start()
+    held.wait(10)
+    return thread
+
+
+def test_shutdown_waits_for_a_buffered_row_another_session_holds_locked(committed, queue_name):
+    """SIGTERM while a web request's transaction holds a buffered row locked (it signalled
+    the row): the shutdown's last release waits for the lock, within the drain, so the
+    row goes back runnable with no attempt spent. Control: the quick SKIP LOCKED passes
+    alone left it executing, and the next start charged an attempt ("the worker died")."""
+    ids = gd.insert_all([gd.Spec(Both, queue=queue_name) for _ in range(2)])
+    sch = _buffered_scheduler(queue_name, 2)
+    locker = _hold_lock(ids[1], 0.8)
+    assert sch.stop(drain_timeout=5)["released"] == 2
+    locker.join()
+    assert [(r.status, r.locked_by, r.attempt) for r in rows(ids)] == [("runnable", None, 0)] * 2
+
+
+def test_a_row_locked_past_the_drain_is_named_in_a_warning(committed, queue_name, caplog):
+    ids = gd.insert_all([gd.Spec(Both, queue=queue_name) for _ in range(2)])
+    sch = _buffered_scheduler(queue_name, 2)
+    locker = _hold_lock(ids[0], 3.0)
+    with caplog.at_level("WARNING", logger="gen_durable.worker"):
+        assert sch.stop(drain_timeout=0)["released"] == 1
+    locker.join()
+    assert "1 unstarted row(s) stayed locked by another session for 1.0s" in caplog.text
+    assert f"(ids {ids[0]})" in caplog.text
+    assert [r.status for r in rows(ids)] == ["executing", "runnable"]

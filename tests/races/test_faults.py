@@ -142,14 +142,14 @@ def test_shutdown_releases_buffered_rows_even_when_one_is_locked_for_a_moment(
     buffered = sorted(set(ids) - {running})
     real_release, calls = scheduler_module.release, []
 
-    def release_while_locked(batch, worker, using=None):
+    def release_while_locked(batch, worker, using=None, **kw):
         calls.append(sorted(j.id for j in batch))
         if len(calls) > 1:
-            return real_release(batch, worker, using)
+            return real_release(batch, worker, using, **kw)
         hold.unlink()  # picking has stopped: the running step may finish during the drain
         with other_session() as other:
             other.execute("SELECT id FROM gen_durable WHERE id = ANY(%s) FOR NO KEY UPDATE", [[j.id for j in batch]])
-            return real_release(batch, worker, using)  # skips them all; the lock goes at commit
+            return real_release(batch, worker, using, **kw)  # skips them all; the lock goes at commit
 
     monkeypatch.setattr(scheduler_module, "release", release_while_locked)
     assert sup.stop() == {queue_name: {"released": 3, "in_flight": 0}}
