@@ -852,24 +852,21 @@ def check_outcome_steps(app_configs=None, **kwargs):
 
     Found when the line runs, it fails the instance; read from the source here, it is a
     typo caught before the first row reaches it (names built at run time are not seen)."""
-    import inspect
-
     from . import registry
-    from .machine import Machine, step_suggestion
-    from .source_steps import literal_step_names
+    from .machine import step_suggestion
+    from .source_steps import literal_step_names, step_functions
 
     errors, seen = [], set()
     for (name, _version), cls in sorted(registry.all_machines().items(), key=lambda kv: repr(kv[0])):
         if cls in seen:
             continue
         seen.add(cls)
-        methods = dict.fromkeys(cls.steps.values())
-        if getattr(cls, "handle", None) is not getattr(Machine, "handle", None):
-            methods["handle"] = None
-        for attr in methods:
-            try:  # whatever a step object is made of, reading it never stops `check`
-                func = inspect.getattr_static(cls, attr, None)
-                func = func.__func__ if isinstance(func, (staticmethod, classmethod)) else func
+        try:  # whatever a step object is made of, reading it never stops `check`
+            functions = step_functions(cls)
+        except Exception:
+            functions = []
+        for attr, func in functions:
+            try:
                 named = literal_step_names(func) if callable(func) else []
             except Exception:
                 named = []

@@ -154,6 +154,22 @@ def _literal_names(arg):
     return None
 
 
+def step_functions(cls) -> list[tuple[str, object]]:
+    """[(attribute name, function)] of machine `cls`'s step methods and its own handle()
+    (when it overrides Machine's), as defined — a staticmethod or classmethod unwrapped;
+    the function is None where the attribute cannot be read statically."""
+    from .machine import Machine
+
+    attrs = dict.fromkeys(cls.steps.values())
+    if getattr(cls, "handle", None) is not getattr(Machine, "handle", None):
+        attrs["handle"] = None
+    found = []
+    for attr in attrs:
+        func = inspect.getattr_static(cls, attr, None)
+        found.append((attr, func.__func__ if isinstance(func, (staticmethod, classmethod)) else func))
+    return found
+
+
 @functools.lru_cache(maxsize=256)
 def awaited_signal_names(cls) -> frozenset | None:
     """The signal names machine `cls`'s steps (and its own handle()) can await, read from
@@ -161,17 +177,11 @@ def awaited_signal_names(cls) -> frozenset | None:
     cannot be known: a step whose source cannot be placed, an Await whose names are built
     at run time, a step that reads `ctx.all` (the whole inbox, any name), or no Await in
     the steps at all (it may await through a helper elsewhere). Never raises."""
-    from .machine import Machine
     from .outcomes import Await
 
     try:
-        methods = dict.fromkeys(cls.steps.values())
-        if getattr(cls, "handle", None) is not getattr(Machine, "handle", None):
-            methods["handle"] = None
         names, awaits = set(), 0
-        for attr in methods:
-            func = inspect.getattr_static(cls, attr, None)
-            func = func.__func__ if isinstance(func, (staticmethod, classmethod)) else func
+        for _attr, func in step_functions(cls):
             found = _outcome_calls(func) if callable(func) else None
             if found is None:
                 return None
